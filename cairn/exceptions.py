@@ -1,0 +1,60 @@
+"""The one exception hierarchy of cairn.
+
+Every error cairn raises on purpose derives from :class:`CairnError`; each class maps to
+one CLI exit code (see ``cairn.cli``) so scripts can branch on what went wrong.
+"""
+
+from __future__ import annotations
+
+
+class CairnError(Exception):
+    """Base class of every error cairn raises on purpose."""
+
+
+class ConfigError(CairnError, ValueError):
+    """Bad input from a user: a malformed URL, key, path or option. The message names the fix."""
+
+
+class UnsupportedFilesystem(ConfigError):
+    """The local store sits on a filesystem that cannot publish create-only (NFS, FUSE)."""
+
+
+class StoreError(CairnError):
+    """The store could not be read or written (I/O, network, permissions)."""
+
+
+class AlreadyExists(StoreError):
+    """A create-only write found the name taken. Inside the slot log this means *fenced*."""
+
+
+class NotFound(StoreError):
+    """A named object, key or snapshot does not exist."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional delete or update lost a race (the object changed since it was listed)."""
+
+
+class Fenced(CairnError):
+    """Another attempt has moved this key's log on; this writer must stop and never retry.
+
+    Raised when creating the writer's next record conflicts. It is final for the attempt.
+    """
+
+
+class CorruptSnapshot(CairnError):
+    """A snapshot failed verification (digest mismatch, missing or short chunk, bad manifest)."""
+
+    def __init__(self, message: str, *, seq: int | None = None, digest: str | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.digest = digest
+
+
+class NoSnapshot(NotFound):
+    """No committed snapshot that verifies exists for the key."""
+
+
+class SnapshotTooSlow(StoreError):
+    """A snapshot took longer than the store's GC grace allows; committing it could reference
+    chunks that garbage collection may already have removed, so it is not committed."""

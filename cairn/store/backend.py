@@ -1,0 +1,100 @@
+"""The one small interface every storage backend implements.
+
+A backend stores named, immutable objects. It knows nothing of keys, snapshots or chunks; the
+store builds those on top. Names are ``/``-separated relative paths made only of the characters
+:mod:`cairn.store.keys` produces, so every backend can map them directly.
+
+Contracts every backend meets (``tests/conformance`` checks each one):
+
+* :meth:`Backend.create` and :meth:`BlobWriter.commit` are **create-only** and **durable on
+  return**: the name did not exist and now holds exactly the bytes given, or
+  :class:`~cairn.exceptions.AlreadyExists` is raised and nothing changed.
+* :meth:`Backend.touch` changes the object's ``version`` and ``updated``; so does re-creation
+  after a delete. :meth:`Backend.delete` with ``if_version`` deletes only that exact version.
+* :meth:`Backend.list` returns every object whose name starts with ``prefix``, sorted by name.
+* All methods may be called from several threads at once.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing says of one object.
+
+    ``version`` is an opaque token that changes whenever the object is re-created or touched;
+    ``updated`` is the time (seconds since the epoch) of its creation or last touch.
+    """
+
+    name: str
+    size: int
+    version: str
+    updated: float
+
+
+class BlobWriter(abc.ABC):
+    """A streaming create-only upload. Use as a context manager; nothing is visible before
+    :meth:`commit`, and leaving the block without committing discards what was written."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Publish the object create-only and durably (see the module contract)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Discard what was written. Safe to call more than once or after commit."""
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+class Backend(abc.ABC):
+    """Named immutable objects. See the module docstring for the contracts."""
+
+    url: str
+
+    @abc.abstractmethod
+    def create(self, name: str, data: bytes) -> None:
+        """Create ``name`` holding ``data``, create-only and durable on return."""
+
+    @abc.abstractmethod
+    def open_writer(self, name: str) -> BlobWriter:
+        """Start a streaming create-only upload of ``name``."""
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes:
+        """The whole object. :class:`~cairn.exceptions.NotFound` when it does not exist."""
+
+    @abc.abstractmethod
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset``; fewer only when the object is shorter."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose name starts with ``prefix``, sorted by name."""
+
+    @abc.abstractmethod
+    def stat(self, name: str) -> ObjectInfo:
+        """:class:`~cairn.exceptions.NotFound` when it does not exist."""
+
+    @abc.abstractmethod
+    def delete(self, name: str, *, if_version: str | None = None) -> None:
+        """Delete ``name``; with ``if_version``, only while it is still that version
+        (:class:`~cairn.exceptions.PreconditionFailed` otherwise). NotFound when absent."""
+
+    @abc.abstractmethod
+    def touch(self, name: str) -> None:
+        """Mark ``name`` as used now (new ``version`` and ``updated``). NotFound when absent."""
+
+    def close(self) -> None:
+        """Release connections and threads. The backend is unusable afterwards."""

