@@ -1,0 +1,32 @@
+"""The snapshot store: slot log, manifests, chunks in packs, backends, verify, retention, GC."""
+
+from __future__ import annotations
+
+from cairn.store.keys import Key
+from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
+from cairn.store.store import (
+    Attempt,
+    RestoreResult,
+    SnapshotInfo,
+    Store,
+    StoreSettings,
+    VerifyReport,
+    open_store,
+)
+from cairn.store.writer import SnapshotWriter
+
+__all__ = [
+    "Attempt",
+    "ChunkRef",
+    "FileEntry",
+    "Key",
+    "Manifest",
+    "RestoreResult",
+    "SnapshotInfo",
+    "SnapshotMode",
+    "SnapshotWriter",
+    "Store",
+    "StoreSettings",
+    "VerifyReport",
+    "open_store",
+]

@@ -1,0 +1,212 @@
+"""Manifests: what one snapshot holds, as versioned JSON. Parsing validates everything.
+
+A manifest lists files, each as an ordered list of chunk references. A chunk reference says
+where the bytes live (``pack`` object and ``offset``), how many (``size``) and what they must
+hash to (``digest``). Nothing in a manifest is ever executed or unpickled.
+
+Schema ``cairn.manifest/1``::
+
+    {"schema": "cairn.manifest/1", "key": [...], "seq": 7, "epoch": 5, "parent": 6,
+     "created_at": "2026-11-29T15:00:00.000000Z", "mode": "files",
+     "files": [{"path": "a/b.bin", "size": 3, "mode": 420,
+                "chunks": [["<blake3 hex>", 3, "packs/ab/<id>", 0]]}],
+     "metadata": {"step": 100, "bytes_logical": 3, "bytes_written": 3,
+                  "producer": {...}, "compat": {...}, "user": {...}}}
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn.exceptions import CorruptSnapshot
+from cairn.store.hashing import is_digest
+
+MANIFEST_SCHEMA = "cairn.manifest/1"
+# Far beyond any real snapshot; a manifest claiming more is garbage, not a big snapshot.
+MAX_FILE_BYTES = 1 << 50
+MAX_CHUNK_BYTES = 1 << 32
+
+
+class SnapshotMode(str, enum.Enum):
+    """What a snapshot captured."""
+
+    FILES = "files"  # files put by `cairn put` or the API
+    PROCESS = "process"  # a CRIU process image
+    STATE = "state"  # framework state (torch)
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    digest: str
+    size: int
+    pack: str
+    offset: int
+
+    def to_json(self) -> list[Any]:
+        return [self.digest, self.size, self.pack, self.offset]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    chunks: tuple[ChunkRef, ...]
+    mode: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "size": self.size}
+        if self.mode is not None:
+            out["mode"] = self.mode
+        out["chunks"] = [c.to_json() for c in self.chunks]
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    key: tuple[str, ...]
+    seq: int
+    epoch: int
+    parent: int | None
+    created_at: str
+    mode: SnapshotMode
+    files: tuple[FileEntry, ...]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bytes_logical(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def bytes_written(self) -> int:
+        return int(self.metadata.get("bytes_written", 0))
+
+    @property
+    def step(self) -> int | None:
+        return self.metadata.get("step")
+
+    def chunk_refs(self) -> Iterator[ChunkRef]:
+        for entry in self.files:
+            yield from entry.chunks
+
+    def packs(self) -> set[str]:
+        return {c.pack for c in self.chunk_refs()}
+
+    def file(self, path: str) -> FileEntry:
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        raise KeyError(path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "key": list(self.key),
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "parent": self.parent,
+            "created_at": self.created_at,
+            "mode": self.mode.value,
+            "files": [f.to_json() for f in self.files],
+            "metadata": self.metadata,
+        }
+
+
+def check_relative_path(path: object) -> str:
+    """``path`` if it is a safe relative path inside a snapshot; otherwise ValueError."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"file path {path!r} is empty or not text")
+    if "\x00" in path:
+        raise ValueError(f"file path {path!r} contains NUL")
+    if path.startswith("/") or posixpath.isabs(path):
+        raise ValueError(f"file path {path!r} is absolute; snapshot paths are relative")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"file path {path!r} has an empty, '.' or '..' part")
+    return path
+
+
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(what)
+
+
+def _int(value: object, what: str, *, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
+    _expect(isinstance(value, int) and not isinstance(value, bool), f"{what} is not an integer")
+    assert isinstance(value, int)
+    _expect(lo <= value <= hi, f"{what} {value} is out of range {lo}..{hi}")
+    return value
+
+
+def manifest_from_json(doc: object, *, seq: int | None = None) -> Manifest:
+    """Parse and validate a manifest. Raises :class:`CorruptSnapshot` saying what is wrong."""
+    try:
+        return _parse(doc)
+    except (ValueError, TypeError, KeyError) as e:
+        raise CorruptSnapshot(f"manifest{'' if seq is None else f' of seq {seq}'} is invalid: {e}",
+                              seq=seq) from None
+
+
+def _parse(doc: object) -> Manifest:
+    _expect(isinstance(doc, dict), "manifest is not a JSON object")
+    assert isinstance(doc, dict)
+    schema = doc.get("schema")
+    if schema != MANIFEST_SCHEMA:
+        raise ValueError(
+            f"unknown manifest schema {schema!r} (this cairn reads {MANIFEST_SCHEMA}); "
+            "it was written by a newer cairn: upgrade cairn to read it"
+        )
+    key = doc["key"]
+    _expect(isinstance(key, list) and key and all(isinstance(c, str) for c in key), "key is invalid")
+    parent = doc.get("parent")
+    if parent is not None:
+        parent = _int(parent, "parent")
+    files: list[FileEntry] = []
+    seen: set[str] = set()
+    raw_files = doc["files"]
+    _expect(isinstance(raw_files, list), "files is not a list")
+    for raw in raw_files:
+        _expect(isinstance(raw, dict), "a file entry is not an object")
+        path = check_relative_path(raw["path"])
+        _expect(path not in seen, f"file path {path!r} appears twice")
+        seen.add(path)
+        size = _int(raw["size"], f"size of {path}")
+        mode = raw.get("mode")
+        if mode is not None:
+            mode = _int(mode, f"mode of {path}", hi=0o7777)
+        chunks = []
+        total = 0
+        raw_chunks = raw["chunks"]
+        _expect(isinstance(raw_chunks, list), f"chunks of {path} is not a list")
+        for c in raw_chunks:
+            _expect(isinstance(c, list) and len(c) == 4, f"a chunk of {path} is malformed")
+            digest, csize, pack, offset = c
+            _expect(is_digest(digest), f"a chunk of {path} has a bad digest {digest!r}")
+            csize = _int(csize, f"chunk size in {path}", hi=MAX_CHUNK_BYTES)
+            _expect(isinstance(pack, str) and pack.startswith("packs/") and ".." not in pack,
+                    f"a chunk of {path} names a bad pack {pack!r}")
+            offset = _int(offset, f"chunk offset in {path}")
+            chunks.append(ChunkRef(digest, csize, pack, offset))
+            total += csize
+        _expect(total == size, f"chunks of {path} add up to {total} bytes, not {size}")
+        files.append(FileEntry(path, size, tuple(chunks), mode))
+    metadata = doc.get("metadata", {})
+    _expect(isinstance(metadata, dict), "metadata is not an object")
+    return Manifest(
+        key=tuple(key),
+        seq=_int(doc["seq"], "seq"),
+        epoch=_int(doc["epoch"], "epoch"),
+        parent=parent,
+        created_at=str(doc["created_at"]),
+        mode=SnapshotMode(doc["mode"]),
+        files=tuple(files),
+        metadata=metadata,
+    )
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=False).encode("utf-8")

@@ -1,0 +1,96 @@
+"""Packing chunks into pack objects, sealed in the background.
+
+Every chunk lands in a pack: a create-only object of concatenated chunks (default 32 MiB),
+named ``packs/<xx>/<random id>``. Packs keep the object count and the number of fsyncs or
+requests per GiB small on every backend; the manifest records each chunk's pack and offset.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from cairn.store.backend import Backend, BlobWriter
+
+PACKS_PREFIX = "packs/"
+
+
+def new_pack_name() -> str:
+    ident = uuid.uuid4().hex
+    return f"{PACKS_PREFIX}{ident[:2]}/{ident}"
+
+
+class PackWriter:
+    """Appends chunks to the current pack; full packs are sealed (committed) on a thread pool.
+
+    ``add`` runs on the caller's thread; at most ``max_inflight`` packs are being sealed at
+    once, which bounds memory on backends that buffer a pack. :meth:`flush` returns when every
+    pack written so far is durable, and raises the first sealing error.
+    """
+
+    def __init__(self, backend: Backend, *, pack_bytes: int, pool: ThreadPoolExecutor,
+                 max_inflight: int) -> None:
+        self._backend = backend
+        self._pack_bytes = pack_bytes
+        self._pool = pool
+        self._slots = threading.Semaphore(max_inflight)
+        self._current: BlobWriter | None = None
+        self._current_name = ""
+        self._current_size = 0
+        self._futures: list[Future[None]] = []
+        self.created: set[str] = set()
+
+    def add(self, data: memoryview | bytes) -> tuple[str, int]:
+        """Append one chunk; returns ``(pack name, offset)``."""
+        self._raise_failed()
+        if self._current is None:
+            self._current_name = new_pack_name()
+            self._current = self._backend.open_writer(self._current_name)
+            self._current_size = 0
+            self.created.add(self._current_name)
+        offset = self._current_size
+        self._current.write(data)
+        self._current_size += len(data)
+        name = self._current_name
+        if self._current_size >= self._pack_bytes:
+            self._seal()
+        return name, offset
+
+    def _seal(self) -> None:
+        writer, self._current = self._current, None
+        if writer is None:
+            return
+        self._slots.acquire()
+
+        def commit() -> None:
+            try:
+                writer.commit()
+            finally:
+                self._slots.release()
+
+        self._futures.append(self._pool.submit(commit))
+
+    def _raise_failed(self) -> None:
+        for future in self._futures:
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+
+    def flush(self) -> None:
+        """Seal the open pack and wait until every pack is durable."""
+        self._seal()
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    def abort(self) -> None:
+        """Discard the open pack and wait for in-flight seals (their packs become garbage)."""
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        for future in self._futures:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - aborting anyway; the first error was raised
+                pass
+        self._futures = []

@@ -1,0 +1,453 @@
+"""The Store: keys, attempts, snapshots, restore with fallback, verification and retention.
+
+Typical use::
+
+    store = open_store("file:///data/cairn")            # or gs://bucket/prefix
+    attempt = store.open_attempt(Key.parse("dag/task/run/0"))
+    parent = attempt.parent                               # the snapshot to resume from, or None
+    with attempt.snapshot() as snap:
+        snap.add_file("model.pt", "/tmp/model.pt")
+        snap.commit(step=100)                             # durable when it returns
+    attempt.finish()                                      # the step succeeded: done, then prune
+
+Thread contract: a :class:`Store` may be shared by threads; an :class:`Attempt` and its
+:class:`~cairn.store.writer.SnapshotWriter` belong to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn.exceptions import (
+    AlreadyExists,
+    ConfigError,
+    CorruptSnapshot,
+    NoSnapshot,
+    NotFound,
+    StoreError,
+)
+from cairn.store.backend import Backend
+from cairn.store.keys import Key
+from cairn.store.manifest import ChunkRef, Manifest, SnapshotMode, dumps
+from cairn.store.reader import SnapshotReader
+from cairn.store.slotlog import (
+    AttemptLog,
+    Record,
+    RecordKind,
+    SlotLog,
+    key_paths,
+    record_name,
+    utc_now,
+)
+from cairn.store.url import open_backend
+from cairn.store.writer import ProgressCallback, SnapshotWriter
+
+log = logging.getLogger(__name__)
+
+STORE_FORMAT = "cairn.store/1"
+CONFIG_NAME = "cairn-store.json"
+DEFAULT_GC_GRACE_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Tuning of one process's use of a store (not persisted; safe to vary per process)."""
+
+    max_chunk_bytes: int = 1 << 20
+    pack_bytes: int = 32 << 20
+    max_inflight_packs: int = 4
+    io_threads: int = 8
+    read_prefetch: int = 4
+    keep_last: int = 3
+
+    def __post_init__(self) -> None:
+        if not 4096 <= self.max_chunk_bytes <= 256 << 20:
+            raise ConfigError("max_chunk_bytes must be between 4 KiB and 256 MiB")
+        if self.pack_bytes < self.max_chunk_bytes:
+            raise ConfigError("pack_bytes must be at least max_chunk_bytes")
+        if self.keep_last < 1:
+            raise ConfigError("keep_last must be at least 1; the newest snapshot is always kept")
+        if self.io_threads < 1 or self.max_inflight_packs < 1 or self.read_prefetch < 1:
+            raise ConfigError("io_threads, max_inflight_packs and read_prefetch must be >= 1")
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A committed snapshot as the log lists it (not yet verified)."""
+
+    key: Key
+    seq: int
+    epoch: int
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    manifest: Manifest
+    skipped: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass
+class VerifyReport:
+    """Per snapshot: ``None`` when it verified, else the reason. ``bad_chunks`` maps each
+    corrupt chunk digest to its reason and the seqs that reference it."""
+
+    key: Key
+    results: dict[int, str | None] = field(default_factory=dict)
+    bad_chunks: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(reason is None for reason in self.results.values())
+
+
+def describe_shared(digest: str, seqs: list[int]) -> str:
+    seqs = sorted(seqs)
+    span = f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
+    return f"chunk {digest}, referenced by {span}"
+
+
+class Store:
+    """A cairn store over one backend. Create with :func:`open_store`."""
+
+    def __init__(self, backend: Backend, *, settings: StoreSettings | None = None,
+                 create: bool = True) -> None:
+        self.backend = backend
+        self.settings = settings or StoreSettings()
+        self.config = self._load_or_create_config(create)
+        self.gc_grace_seconds = float(self.config.get("gc_grace_seconds", DEFAULT_GC_GRACE_SECONDS))
+        self.pool = ThreadPoolExecutor(max_workers=self.settings.io_threads,
+                                       thread_name_prefix="cairn-io")
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def _load_or_create_config(self, create: bool) -> dict[str, Any]:
+        try:
+            return self._parse_config(self.backend.read(CONFIG_NAME))
+        except NotFound:
+            pass
+        if not create:
+            raise NotFound(f"no cairn store at {self.backend.url} (no {CONFIG_NAME}); "
+                           "check the URL, or write a snapshot there first")
+        for _ in self.backend.list(""):
+            raise ConfigError(
+                f"{self.backend.url} is not empty and is not a cairn store; "
+                "give a new or empty directory or bucket prefix"
+            )
+        config = {"format": STORE_FORMAT, "gc_grace_seconds": DEFAULT_GC_GRACE_SECONDS,
+                  "created_at": utc_now()}
+        try:
+            self.backend.create(CONFIG_NAME, dumps(config))
+        except AlreadyExists:
+            return self._parse_config(self.backend.read(CONFIG_NAME))
+        return config
+
+    def _parse_config(self, data: bytes) -> dict[str, Any]:
+        try:
+            config = json.loads(data)
+            fmt = config.get("format")
+        except (ValueError, AttributeError):
+            raise StoreError(f"{self.backend.url}/{CONFIG_NAME} is corrupt") from None
+        if fmt != STORE_FORMAT:
+            raise ConfigError(f"store {self.backend.url} has format {fmt!r}; this cairn reads "
+                              f"{STORE_FORMAT}: upgrade cairn")
+        return config
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.backend.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- keys and history ------------------------------------------------------------------
+
+    def log(self, key: Key) -> SlotLog:
+        return SlotLog(self.backend, key)
+
+    def keys(self) -> list[Key]:
+        """Every key with a log in this store (components as written in their records)."""
+        keys = []
+        for path in key_paths(self.backend):
+            key = self._key_of_path(path)
+            if key is not None:
+                keys.append(key)
+        return keys
+
+    def _key_of_path(self, path: str) -> Key | None:
+        # Components may be hashed in the path; the records hold the originals.
+        path_log = SlotLog(self.backend, path)
+        for seq in reversed(path_log.seqs()):
+            try:
+                return Key(path_log.read(seq).key)
+            except (CorruptSnapshot, NotFound):
+                continue
+        return None
+
+    def snapshots(self, key: Key) -> list[SnapshotInfo]:
+        """Committed snapshots after the last ``done``, newest first; unreadable ones logged."""
+        out: list[SnapshotInfo] = []
+        for record in reversed(self.log(key).records()):
+            if record.kind is RecordKind.DONE:
+                break
+            if record.kind is RecordKind.SNAP and record.manifest is not None:
+                out.append(SnapshotInfo(key, record.seq, record.epoch, record.manifest))
+        return out
+
+    def history(self, key: Key) -> list[Record]:
+        return self.log(key).records()
+
+    def manifest(self, key: Key, seq: int | None = None) -> Manifest:
+        """The manifest of snapshot ``seq`` (default: the newest committed one)."""
+        if seq is None:
+            snaps = self.snapshots(key)
+            if not snaps:
+                raise NoSnapshot(f"key {key} has no committed snapshot in {self.url}")
+            return snaps[0].manifest
+        record = self.log(key).read(seq)
+        if record.manifest is None:
+            raise NotFound(f"key {key}: seq {seq} is an {record.kind.value!r} record, not a snapshot")
+        return record.manifest
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None) -> Attempt:
+        """Start an attempt: its ``open`` record fences every older attempt of ``key``.
+
+        Its parent is the newest snapshot whose manifest reads and whose packs all exist; pass
+        it to a restore, and later snapshots dedup against it.
+        """
+        parent = self.latest_good(key, deep=False)
+        note = dict(note or {})
+        note.setdefault("resumed_from", parent.seq if parent else None)
+        attempt_log = self.log(key).open_attempt(note=note)
+        return Attempt(self, key, attempt_log, parent)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def reader(self, manifest: Manifest) -> SnapshotReader:
+        return SnapshotReader(self.backend, manifest, pool=self.pool,
+                              prefetch=self.settings.read_prefetch)
+
+    def check_present(self, manifest: Manifest) -> None:
+        """Cheap structural check: every pack exists and is long enough for its chunks."""
+        needed: dict[str, int] = {}
+        for chunk in manifest.chunk_refs():
+            needed[chunk.pack] = max(needed.get(chunk.pack, 0), chunk.offset + chunk.size)
+        for pack, end in needed.items():
+            try:
+                size = self.backend.stat(pack).size
+            except NotFound:
+                raise CorruptSnapshot(f"snapshot seq {manifest.seq}: pack {pack} is missing",
+                                      seq=manifest.seq) from None
+            if size < end:
+                raise CorruptSnapshot(f"snapshot seq {manifest.seq}: pack {pack} is truncated "
+                                      f"({size} < {end} bytes)", seq=manifest.seq)
+
+    def latest_good(self, key: Key, *, deep: bool = False) -> Manifest | None:
+        """The newest snapshot that checks out, skipping bad ones with a logged reason.
+
+        ``deep=False`` checks the manifest and that every pack is present; ``deep=True``
+        reads and verifies every chunk. ``None`` when there is none (or the key is done).
+        """
+        for info in self.snapshots(key):
+            try:
+                self.check_present(info.manifest)
+                if deep:
+                    self.reader(info.manifest).verify()
+                return info.manifest
+            except CorruptSnapshot as e:
+                log.warning("key %s: skipping snapshot seq %d: %s", key, info.seq, e)
+        return None
+
+    def restore(self, key: Key, dest: str | os.PathLike[str], *, seq: int | None = None,
+                progress: ProgressCallback | None = None) -> RestoreResult:
+        """Restore the newest snapshot that verifies (or exactly ``seq``) into ``dest``.
+
+        Verification happens inside the restore pass; a snapshot that fails is removed from
+        ``dest`` and the previous one is tried. Raises :class:`NoSnapshot` when none verifies,
+        naming a corrupt chunk that every candidate shares.
+        """
+        candidates = [self.manifest(key, seq)] if seq is not None else \
+            [info.manifest for info in self.snapshots(key)]
+        if not candidates:
+            raise NoSnapshot(f"key {key} has no committed snapshot in {self.url}")
+        skipped: list[tuple[int, str]] = []
+        bad: dict[str, list[int]] = {}
+        for manifest in candidates:
+            try:
+                self.reader(manifest).restore_to(dest, progress=progress)
+                for skipped_seq, reason in skipped:
+                    log.warning("key %s: skipped snapshot seq %d: %s", key, skipped_seq, reason)
+                return RestoreResult(manifest, tuple(skipped))
+            except CorruptSnapshot as e:
+                skipped.append((manifest.seq, str(e)))
+                if e.digest:
+                    bad.setdefault(e.digest, []).append(manifest.seq)
+        raise NoSnapshot(_no_good_message(key, candidates, skipped, bad))
+
+    def verify(self, key: Key, *, progress: ProgressCallback | None = None) -> VerifyReport:
+        """Check every retained snapshot of ``key`` fully; each distinct chunk is read once."""
+        report = VerifyReport(key)
+        checked: dict[tuple[str, int, str], str | None] = {}
+        for info in self.snapshots(key):
+            reason = None
+            for chunk in info.manifest.chunk_refs():
+                ident = (chunk.pack, chunk.offset, chunk.digest)
+                if ident not in checked:
+                    checked[ident] = self._verify_chunk(chunk, progress)
+                if checked[ident] is not None:
+                    reason = reason or checked[ident]
+                    entry = report.bad_chunks.setdefault(chunk.digest, (checked[ident], []))
+                    if info.seq not in entry[1]:
+                        entry[1].append(info.seq)
+            report.results[info.seq] = reason
+        return report
+
+    def _verify_chunk(self, chunk: ChunkRef, progress: ProgressCallback | None) -> str | None:
+        from cairn.store.hashing import digest as compute_digest
+
+        try:
+            data = self.backend.read_range(chunk.pack, chunk.offset, chunk.size)
+        except NotFound:
+            return f"pack {chunk.pack} is missing"
+        if progress is not None:
+            progress(chunk.size)
+        if len(data) != chunk.size:
+            return f"truncated in {chunk.pack} ({len(data)} of {chunk.size} bytes)"
+        if compute_digest(data) != chunk.digest:
+            return f"digest mismatch in {chunk.pack}"
+        return None
+
+    # -- retention and removal ---------------------------------------------------------------
+
+    def prune(self, key: Key, *, keep: int | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` snapshot records (default: settings.keep_last).
+
+        ``open`` and ``done`` records are never deleted. Packs are freed later by GC.
+        Returns the seqs deleted.
+        """
+        keep = self.settings.keep_last if keep is None else keep
+        if keep < 1:
+            raise ConfigError("keep must be at least 1")
+        deleted = []
+        snaps_seen = 0
+        done_seen = False
+        for record in reversed(self.log(key).records()):
+            if record.kind is RecordKind.DONE:
+                done_seen = True
+            if record.kind is not RecordKind.SNAP:
+                continue
+            snaps_seen += 1
+            if done_seen or snaps_seen > keep:
+                self._delete_record(key, record.seq)
+                deleted.append(record.seq)
+        return deleted
+
+    def _delete_record(self, key: Key, seq: int) -> None:
+        try:
+            self.backend.delete(record_name(key.path, seq))
+        except NotFound:
+            pass
+
+    def remove(self, key: Key) -> int:
+        """Forget ``key``: a ``done`` record fences any live writer, then every snapshot goes.
+
+        The final ``done`` stays as a tombstone so that a zombie writer cannot revive the key.
+        Returns the number of snapshots removed.
+        """
+        attempt_log = self.log(key).open_attempt(note={"purpose": "remove"})
+        attempt_log.append(RecordKind.DONE, {"reason": "removed"})
+        return len(self._drop_all_snaps(key))
+
+    def _drop_all_snaps(self, key: Key) -> list[int]:
+        deleted = []
+        for record in self.log(key).records():
+            if record.kind is RecordKind.SNAP:
+                self._delete_record(key, record.seq)
+                deleted.append(record.seq)
+        return deleted
+
+    def gc(self, *, grace_seconds: float | None = None, dry_run: bool = False):  # noqa: ANN201
+        """Delete packs no manifest references, untouched for the grace period. See cairn.store.gc."""
+        from cairn.store.gc import collect_garbage
+
+        return collect_garbage(self, grace_seconds=grace_seconds, dry_run=dry_run)
+
+
+class Attempt:
+    """One attempt at a key's work: fenced for good once another attempt moves the log on."""
+
+    def __init__(self, store: Store, key: Key, attempt_log: AttemptLog,
+                 parent: Manifest | None) -> None:
+        self.store = store
+        self.key = key
+        self.log = attempt_log
+        self.parent = parent
+        self.resumed_from = parent
+        # Dedup index: the parent's chunks and every chunk this attempt wrote itself.
+        self.known_chunks: dict[str, ChunkRef] = {}
+        if parent is not None:
+            self._index(parent)
+
+    @property
+    def epoch(self) -> int:
+        return self.log.epoch
+
+    @property
+    def fenced(self) -> bool:
+        return self.log.fenced
+
+    def _index(self, manifest: Manifest) -> None:
+        for chunk in manifest.chunk_refs():
+            self.known_chunks.setdefault(chunk.digest, chunk)
+
+    def forget_pack(self, pack: str) -> None:
+        for digest in [d for d, ref in self.known_chunks.items() if ref.pack == pack]:
+            del self.known_chunks[digest]
+
+    def snapshot(self, *, mode: SnapshotMode = SnapshotMode.FILES,
+                 progress: ProgressCallback | None = None) -> SnapshotWriter:
+        """Begin the next snapshot; its parent is the last one committed or restored."""
+        return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress)
+
+    def committed(self, manifest: Manifest) -> None:
+        """Called by the writer once its ``snap`` record exists: index it and prune."""
+        self.parent = manifest
+        self._index(manifest)
+        try:
+            self.store.prune(self.key)
+        except StoreError as e:  # the snapshot is committed; retention catches up next time
+            log.warning("key %s: retention failed after seq %d: %s", self.key, manifest.seq, e)
+
+    def finish(self) -> None:
+        """The step succeeded: create ``done`` (fencing everyone), then delete the snapshots."""
+        self.log.append(RecordKind.DONE, {"reason": "succeeded"})
+        self.store._drop_all_snaps(self.key)
+
+
+def _no_good_message(key: Key, candidates: list[Manifest], skipped: list[tuple[int, str]],
+                     bad: dict[str, list[int]]) -> str:
+    seqs = [m.seq for m in candidates]
+    lines = [f"key {key}: no snapshot verifies (tried seq {', '.join(map(str, seqs))})"]
+    for digest, hit in bad.items():
+        if sorted(hit) == sorted(seqs) and len(seqs) > 1:
+            lines.append(f"  corrupt {describe_shared(digest, hit)} (every retained snapshot)")
+    lines += [f"  seq {s}: {reason}" for s, reason in skipped]
+    lines.append("  run `cairn verify` for a full report; the step will start fresh")
+    return "\n".join(lines)
+
+
+def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True) -> Store:
+    """Open the store at ``url`` (path, ``file://`` or ``gs://``)."""
+    return Store(open_backend(url, create=create), settings=settings, create=create)
