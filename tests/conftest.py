@@ -63,3 +63,17 @@ def backend(backend_url: str) -> Iterator[Backend]:
 @pytest.fixture()
 def local_backend(tmp_path) -> LocalBackend:
     return LocalBackend(os.fspath(tmp_path / "store"))
+
+
+
+
+@pytest.fixture()
+def store(backend_url: str):  # noqa: ANN201 - a cairn Store
+    """A fresh store on each backend, with small chunks (64 KiB) and packs (256 KiB)."""
+    from cairn.store import StoreSettings, open_store
+
+    s = open_store(backend_url, settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10))
+    try:
+        yield s
+    finally:
+        s.close()

@@ -87,7 +87,8 @@ class LocalBackend(Backend):
         if create:
             self._ensure_dir(root)
         elif not os.path.isdir(root):
-            raise NotFound(f"no store at {root!r}")
+            raise NotFound(f"no cairn store at {root!r}; check the path, or write a snapshot "
+                           "there first with `cairn put`")
 
     # -- paths -------------------------------------------------------------------------
 

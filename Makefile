@@ -1,0 +1,36 @@
+# cairn: every set-up step lives here, so a fresh machine needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv test test-fast demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[dev,gcs]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make test: create the environment and run the whole suite (slow end-to-end tests included)
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make test-fast: skip the tests marked slow
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+## make demo: create the environment and run the main job on the embedded default (local store)
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+## make bench: the store benchmark (1 GiB; run as root to drop the page cache between sides)
+bench: $(STAMP)
+	$(PY) bench/store_bench.py
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache

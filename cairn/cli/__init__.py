@@ -1,0 +1,1 @@
+"""The ``cairn`` command line. See :mod:`cairn.cli.main` for commands and exit codes."""

@@ -1,0 +1,372 @@
+"""``cairn``: put, get, list, inspect, verify, remove and garbage-collect snapshots.
+
+Exit codes (stable; scripts may rely on them):
+
+====  ==============================================================
+0     success
+1     unexpected internal error (a bug: please report it)
+2     bad usage or input (malformed URL, key, path or option)
+3     not found: no store at the URL, no such key, seq or snapshot
+4     verification failed: a snapshot is corrupt or incomplete
+5     fenced: another attempt moved the key's log on
+6     storage error: I/O, network or permission problem
+130   interrupted (Ctrl-C)
+====  ==============================================================
+
+Listing commands (``ls``, ``inspect``, ``verify``, ``gc``) accept ``--json``; so do ``put``
+and ``get``, which then print one JSON object describing what they did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import cairn
+from cairn.exceptions import (
+    CairnError,
+    ConfigError,
+    CorruptSnapshot,
+    Fenced,
+    NotFound,
+    StoreError,
+)
+from cairn.cli.progress import ProgressBar, human_size
+from cairn.store import Key, Manifest, Store, open_store
+from cairn.store.slotlog import RecordKind
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_CORRUPT = 4
+EXIT_FENCED = 5
+EXIT_STORAGE = 6
+EXIT_INTERRUPTED = 130
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The documented exit code for an error (see the module docstring)."""
+    if isinstance(error, ConfigError):
+        return EXIT_USAGE
+    if isinstance(error, NotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(error, CorruptSnapshot):
+        return EXIT_CORRUPT
+    if isinstance(error, Fenced):
+        return EXIT_FENCED
+    if isinstance(error, (StoreError, OSError)):
+        return EXIT_STORAGE
+    if isinstance(error, CairnError):
+        return EXIT_INTERNAL
+    return EXIT_INTERNAL
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
+    print(json.dumps(doc, indent=2) if args.json else text)
+
+
+def _progress(args: argparse.Namespace, label: str, total: int) -> ProgressBar:
+    return ProgressBar(label, total, enabled=not args.quiet)
+
+
+# -- put --------------------------------------------------------------------------------------
+
+def _files_to_put(paths: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """``(snapshot path, source path)``: a file by its name, a directory by its contents."""
+    for given in paths:
+        if os.path.islink(given) and not os.path.exists(given):
+            raise ConfigError(f"{given} is a dangling symlink")
+        if os.path.isfile(given):
+            yield os.path.basename(os.path.abspath(given)), given
+        elif os.path.isdir(given):
+            for dirpath, dirnames, filenames in os.walk(given):
+                dirnames.sort()
+                for filename in sorted(filenames):
+                    source = os.path.join(dirpath, filename)
+                    if os.path.islink(source) or not os.path.isfile(source):
+                        raise ConfigError(f"{source} is not a regular file (symlinks and devices "
+                                          "cannot be snapshotted); copy or remove it first")
+                    rel = os.path.relpath(source, given).replace(os.sep, "/")
+                    yield rel, source
+        else:
+            raise ConfigError(f"{given} does not exist or is not a file or directory")
+
+
+def cmd_put(args: argparse.Namespace, store: Store) -> int:
+    key = Key.parse(args.key)
+    files = list(_files_to_put(args.paths))
+    seen: dict[str, str] = {}
+    for rel, source in files:
+        if rel in seen:
+            raise ConfigError(f"{source} and {seen[rel]} would both be stored as {rel!r}; "
+                              "put them from different directories or rename one")
+        seen[rel] = source
+    total = sum(os.path.getsize(source) for _, source in files)
+    attempt = store.open_attempt(key, note={"command": "cairn put"})
+    bar = _progress(args, "put", total)
+    with attempt.snapshot(progress=bar) as snap:
+        for rel, source in files:
+            snap.add_file(rel, source)
+        manifest = snap.commit(step=args.step)
+    bar.close()
+    doc = _manifest_summary(manifest)
+    _emit(args, doc, f"committed {key} seq {manifest.seq}: {len(manifest.files)} files, "
+                     f"{human_size(manifest.bytes_logical)} ({human_size(manifest.bytes_written)} new)")
+    return EXIT_OK
+
+
+# -- get --------------------------------------------------------------------------------------
+
+def cmd_get(args: argparse.Namespace, store: Store) -> int:
+    key = Key.parse(args.key)
+    manifest = store.manifest(key, args.seq)
+    bar = _progress(args, "get", manifest.bytes_logical)
+    result = store.restore(key, args.dest, seq=args.seq, progress=bar)
+    bar.close()
+    doc = {**_manifest_summary(result.manifest), "dest": os.path.abspath(args.dest),
+           "skipped": [{"seq": s, "reason": r} for s, r in result.skipped]}
+    lines = [f"restored {key} seq {result.manifest.seq} into {args.dest} "
+             f"({human_size(result.manifest.bytes_logical)})"]
+    lines += [f"  skipped seq {s}: {r}" for s, r in result.skipped]
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK
+
+
+# -- ls ---------------------------------------------------------------------------------------
+
+def _key_summary(store: Store, key: Key) -> dict[str, Any]:
+    records = store.history(key)
+    snaps = store.snapshots(key)
+    last = records[-1] if records else None
+    state = "done" if last is not None and last.kind is RecordKind.DONE else "active"
+    newest = snaps[0].manifest if snaps else None
+    return {
+        "key": str(key),
+        "components": list(key.components),
+        "state": state,
+        "snapshots": len(snaps),
+        "latest_seq": newest.seq if newest else None,
+        "latest_step": newest.step if newest else None,
+        "latest_created_at": newest.created_at if newest else None,
+        "bytes_logical": newest.bytes_logical if newest else 0,
+    }
+
+
+def cmd_ls(args: argparse.Namespace, store: Store) -> int:
+    if args.key is None:
+        rows = [_key_summary(store, key) for key in store.keys()]
+        lines = [f"{'KEY':40} {'STATE':7} {'SNAPS':>5} {'SEQ':>5} {'STEP':>8} {'SIZE':>10}"]
+        for r in rows:
+            lines.append(f"{r['key']:40} {r['state']:7} {r['snapshots']:>5} "
+                         f"{_dash(r['latest_seq']):>5} {_dash(r['latest_step']):>8} "
+                         f"{human_size(r['bytes_logical']):>10}")
+        _emit(args, rows, "\n".join(lines))
+        return EXIT_OK
+    key = Key.parse(args.key)
+    records = store.history(key)
+    if not records:
+        raise NotFound(f"key {key} has no records in {store.url}")
+    rows = []
+    for rec in records:
+        row: dict[str, Any] = {"seq": rec.seq, "kind": rec.kind.value, "epoch": rec.epoch,
+                               "created_at": rec.created_at}
+        if rec.manifest is not None:
+            row.update(step=rec.manifest.step, bytes_logical=rec.manifest.bytes_logical,
+                       bytes_written=rec.manifest.bytes_written, files=len(rec.manifest.files))
+        rows.append(row)
+    lines = [f"{'SEQ':>5} {'KIND':5} {'EPOCH':>5} {'CREATED':27} {'STEP':>8} {'SIZE':>10} {'NEW':>10}"]
+    for r in rows:
+        lines.append(f"{r['seq']:>5} {r['kind']:5} {r['epoch']:>5} {r['created_at']:27} "
+                     f"{_dash(r.get('step')):>8} {_size_or_dash(r.get('bytes_logical')):>10} "
+                     f"{_size_or_dash(r.get('bytes_written')):>10}")
+    _emit(args, rows, "\n".join(lines))
+    return EXIT_OK
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _size_or_dash(value: int | None) -> str:
+    return "-" if value is None else human_size(value)
+
+
+# -- inspect ----------------------------------------------------------------------------------
+
+def _manifest_summary(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "key": list(manifest.key),
+        "seq": manifest.seq,
+        "epoch": manifest.epoch,
+        "parent": manifest.parent,
+        "created_at": manifest.created_at,
+        "mode": manifest.mode.value,
+        "step": manifest.step,
+        "bytes_logical": manifest.bytes_logical,
+        "bytes_written": manifest.bytes_written,
+        "files": [{"path": f.path, "size": f.size, "chunks": len(f.chunks)} for f in manifest.files],
+    }
+
+
+def cmd_inspect(args: argparse.Namespace, store: Store) -> int:
+    key = Key.parse(args.key)
+    manifest = store.manifest(key, args.seq)
+    doc = _manifest_summary(manifest)
+    doc["metadata"] = manifest.metadata
+    lines = [f"key {key} seq {manifest.seq} (epoch {manifest.epoch}, parent {_dash(manifest.parent)})",
+             f"created {manifest.created_at}, mode {manifest.mode.value}, step {_dash(manifest.step)}",
+             f"{human_size(manifest.bytes_logical)} in {len(manifest.files)} files, "
+             f"{human_size(manifest.bytes_written)} written by this snapshot"]
+    lines += [f"  {f.size:>14,d}  {f.path}" for f in manifest.files]
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+def cmd_verify(args: argparse.Namespace, store: Store) -> int:
+    key = Key.parse(args.key)
+    snaps = store.snapshots(key)
+    if not snaps:
+        raise NotFound(f"key {key} has no committed snapshot in {store.url}")
+    total = sum(info.manifest.bytes_logical for info in snaps)
+    bar = _progress(args, "verify", total)
+    report = store.verify(key, progress=bar)
+    bar.close()
+    doc = {
+        "key": str(key),
+        "ok": report.ok,
+        "snapshots": [{"seq": s, "ok": r is None, "reason": r} for s, r in report.results.items()],
+        "bad_chunks": [{"digest": d, "reason": r, "seqs": sorted(seqs)}
+                       for d, (r, seqs) in report.bad_chunks.items()],
+    }
+    lines = [f"seq {s}: {'ok' if r is None else 'BAD: ' + r}" for s, r in report.results.items()]
+    from cairn.store.store import describe_shared
+
+    lines += [f"corrupt {describe_shared(d, seqs)}: {r}" for d, (r, seqs) in report.bad_chunks.items()]
+    _emit(args, doc, "\n".join(lines))
+    return EXIT_OK if report.ok else EXIT_CORRUPT
+
+
+# -- rm, gc -----------------------------------------------------------------------------------
+
+def cmd_rm(args: argparse.Namespace, store: Store) -> int:
+    key = Key.parse(args.key)
+    if not store.history(key):
+        raise NotFound(f"key {key} has no records in {store.url}")
+    removed = store.remove(key)
+    _emit(args, {"key": str(key), "snapshots_removed": removed},
+          f"removed {key}: {removed} snapshots (run `cairn gc` to free their space)")
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace, store: Store) -> int:
+    report = store.gc(grace_seconds=args.grace, dry_run=args.dry_run)
+    doc = {
+        "dry_run": report.dry_run,
+        "packs_total": report.packs_total,
+        "packs_referenced": report.packs_referenced,
+        "packs_in_grace": report.packs_in_grace,
+        "packs_deleted": len(report.deleted),
+        "bytes_freed": report.bytes_freed,
+        "raced": report.raced,
+        "unreadable_records": report.unreadable_records,
+        "temporaries_removed": report.temporaries_removed,
+    }
+    verb = "would free" if report.dry_run else "freed"
+    _emit(args, doc, f"{verb} {human_size(report.bytes_freed)} in {len(report.deleted)} packs "
+                     f"({report.packs_referenced} in use, {report.packs_in_grace} within grace)")
+    return EXIT_OK
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text[-1:] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m or 1h") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
+               "5 fenced, 6 storage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"cairn {cairn.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("store", metavar="STORE", help="a directory, file:///path or gs://bucket/prefix")
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+        p.add_argument("-v", "--verbose", action="store_true", help="log what is skipped and why")
+        return p
+
+    p = command("put", "Snapshot files or directories under KEY (deduplicated against the last one).")
+    p.add_argument("key", metavar="KEY", help="the work's key, e.g. my-dag/train/run-1 (%%2F for a '/')")
+    p.add_argument("paths", metavar="PATH", nargs="+", help="files, or directories whose contents to store")
+    p.add_argument("--step", type=int, default=None, help="record the training step or progress")
+    p.set_defaults(func=cmd_put, create=True)
+
+    p = command("get", "Restore the newest snapshot that verifies (or --seq N) into DEST.")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("dest", metavar="DEST", help="a new or empty directory")
+    p.add_argument("--seq", type=int, default=None, help="restore exactly this snapshot")
+    p.set_defaults(func=cmd_get, create=False)
+
+    p = command("ls", "List keys, or one key's log.")
+    p.add_argument("key", metavar="KEY", nargs="?", default=None)
+    p.set_defaults(func=cmd_ls, create=False)
+
+    p = command("inspect", "Show one snapshot's manifest (default: the newest).")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--seq", type=int, default=None)
+    p.set_defaults(func=cmd_inspect, create=False)
+
+    p = command("verify", "Read and check every retained snapshot of KEY; exit 4 if any is bad.")
+    p.add_argument("key", metavar="KEY")
+    p.set_defaults(func=cmd_verify, create=False)
+
+    p = command("rm", "Remove KEY's snapshots (a tombstone keeps zombie writers out).")
+    p.add_argument("key", metavar="KEY")
+    p.set_defaults(func=cmd_rm, create=False)
+
+    p = command("gc", "Delete packs no snapshot references, unused for the grace period.")
+    p.add_argument("--grace", type=_duration, default=None,
+                   help="override the store's grace (e.g. 1h); never shorter than your longest snapshot")
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
+    p.set_defaults(func=cmd_gc, create=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="cairn: %(message)s")
+    try:
+        with open_store(args.store, create=args.create) as store:
+            return args.func(args, store)
+    except KeyboardInterrupt:
+        print("cairn: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (CairnError, OSError) as e:
+        code = exit_code_for(e)
+        print(f"cairn: error: {e}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Writing, reading, retention and finishing on every backend."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+
+import pytest
+
+from cairn.exceptions import ConfigError, NoSnapshot, NotFound
+from cairn.store import Key, SnapshotMode, Store
+from cairn.store.slotlog import RecordKind
+
+KEY = Key(("dag", "train", "run/1", "0"))
+
+
+def payload(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_put_and_restore_bit_exact(store: Store, tmp_path) -> None:
+    attempt = store.open_attempt(KEY)
+    assert attempt.parent is None
+    files = {"model.bin": payload(1, 700_000), "nested/dir/opt.bin": payload(2, 123_457), "empty": b""}
+    with attempt.snapshot() as snap:
+        for path, data in files.items():
+            snap.add_bytes(path, data)
+        manifest = snap.commit(step=42, compat={"kernel": "test"}, user={"loss": 0.5})
+    assert manifest.seq == attempt.epoch + 1
+    assert manifest.bytes_logical == sum(map(len, files.values()))
+    assert manifest.bytes_written == manifest.bytes_logical
+    assert len(manifest.packs()) > 1  # 800 KiB over 256 KiB packs
+    result = store.restore(KEY, tmp_path / "out")
+    assert result.manifest.seq == manifest.seq and result.skipped == ()
+    for path, data in files.items():
+        assert (tmp_path / "out" / path).read_bytes() == data
+    again = store.manifest(KEY)
+    assert again.step == 42 and again.metadata["compat"] == {"kernel": "test"}
+    assert again.metadata["user"] == {"loss": 0.5}
+    assert again.metadata["producer"]["cairn"]
+
+
+def test_stream_with_cuts_and_streamed_read(store: Store) -> None:
+    data = payload(3, 300_000)
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
+        entry = snap.add_stream("s.bin", io.BytesIO(data), size=len(data), cuts=[1000, 1000, 150_000])
+        manifest = snap.commit()
+    starts = [0]
+    for chunk in entry.chunks[:-1]:
+        starts.append(starts[-1] + chunk.size)
+    assert {0, 1000, 150_000} <= set(starts)
+    assert max(c.size for c in entry.chunks) <= 64 << 10
+    pieces = list(store.reader(manifest).iter_file("s.bin"))
+    assert len(pieces) == len(entry.chunks)
+    assert b"".join(bytes(p) for p in pieces) == data
+    assert store.manifest(KEY).mode is SnapshotMode.STATE
+
+
+def test_stream_shorter_than_declared_is_an_error(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap, pytest.raises(ConfigError, match="declared"):
+        snap.add_stream("x", io.BytesIO(b"abc"), size=10, cuts=[2])
+
+
+def test_later_attempt_resumes_from_latest(store: Store) -> None:
+    first = store.open_attempt(KEY)
+    for step in (1, 2):
+        with first.snapshot() as snap:
+            snap.add_bytes("p", payload(step, 1000))
+            snap.commit(step=step)
+    second = store.open_attempt(KEY)
+    assert second.epoch > first.log.last_seq
+    assert second.parent is not None and second.parent.step == 2
+
+
+def test_retention_keeps_last_three_and_never_open_or_done(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    for step in range(6):
+        with attempt.snapshot() as snap:
+            snap.add_bytes("p", payload(step, 5000))
+            snap.commit(step=step)
+    assert [i.manifest.step for i in store.snapshots(KEY)] == [5, 4, 3]
+    kinds = [r.kind for r in store.history(KEY)]
+    assert kinds.count(RecordKind.OPEN) == 1
+    attempt.finish()
+    kinds = [r.kind for r in store.history(KEY)]
+    assert kinds == [RecordKind.OPEN, RecordKind.DONE]
+    assert store.snapshots(KEY) == []
+    with pytest.raises(NoSnapshot):
+        store.restore(KEY, "/nonexistent-never-written")
+    fresh = store.open_attempt(KEY)
+    assert fresh.parent is None
+
+
+def test_snapshot_aborted_without_commit_is_invisible(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap:
+        snap.add_bytes("p", payload(9, 400_000))
+    assert store.snapshots(KEY) == []
+    with pytest.raises(ConfigError, match="already committed or aborted"):
+        snap.add_bytes("q", b"x")
+
+
+def test_bad_paths_in_snapshot_are_rejected(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap:
+        for bad in ("../escape", "/abs", "a/./b", ""):
+            with pytest.raises(ConfigError, match="relative path"):
+                snap.add_bytes(bad, b"x")
+        snap.add_bytes("ok", b"x")
+        with pytest.raises(ConfigError, match="already added"):
+            snap.add_bytes("ok", b"y")
+
+
+def test_keys_lists_original_components_even_when_hashed(store: Store) -> None:
+    long_key = Key(("dag", "t" * 1000, "run:ü"))
+    attempt = store.open_attempt(long_key)
+    with attempt.snapshot() as snap:
+        snap.add_bytes("p", b"x")
+        snap.commit()
+    assert long_key in store.keys()
+    assert store.manifest(long_key).key == long_key.components
+
+
+def test_remove_leaves_tombstone_that_fences(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap:
+        snap.add_bytes("p", b"x")
+        snap.commit()
+    assert store.remove(KEY) == 1
+    assert store.snapshots(KEY) == []
+    assert store.history(KEY)[-1].kind is RecordKind.DONE
+
+
+def test_manifest_of_unknown_seq(store: Store) -> None:
+    with pytest.raises(NotFound):
+        store.manifest(KEY, 99)
+
+
+def test_store_refuses_non_empty_foreign_directory(tmp_path) -> None:
+    from cairn.store import open_store
+
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not a cairn store"):
+        open_store(os.fspath(tmp_path / "home"))
+    with pytest.raises(NotFound, match="no cairn store"):
+        open_store(os.fspath(tmp_path / "absent"), create=False)

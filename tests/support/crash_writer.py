@@ -1,0 +1,70 @@
+"""A snapshot writer to SIGKILL: ``python -m tests.support.crash_writer WORKDIR SEED``.
+
+It commits snapshots of one key to the store ``WORKDIR/store``, forever, and after each commit
+returns appends ``"<seq> <n>\\n"`` to ``WORKDIR/acks`` with flush and fsync: snapshot ``n`` (counted from 0) holds exactly
+:func:`snapshot_files` ``(SEED, n)``, so the killing test can regenerate every byte. It prints
+``ready`` once imported, so the test can time its kill from there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+from cairn.store.keys import Key
+from cairn.store.store import StoreSettings, open_store
+
+KEY = Key.parse("crash/train/run-1/0")
+# Small chunks and packs: every snapshot seals several packs on background threads, so a
+# kill lands in pack writes, fsyncs, publishing, record creation or retention pruning.
+SETTINGS = StoreSettings(max_chunk_bytes=256 << 10, pack_bytes=1 << 20, max_inflight_packs=2,
+                         io_threads=2, keep_last=3)
+MAX_SNAPSHOTS = 500  # a safety stop, should the test never kill it
+
+
+def snapshot_files(seed: int, n: int) -> dict[str, bytes]:
+    """The files of snapshot ``n`` of a run seeded ``seed`` (1-6 MiB in all)."""
+    sizes = random.Random(seed * 1_000_003 + n)
+    files = {
+        # Changes every fourth snapshot, so most snapshots dedup it against their parent.
+        "static/vocab.bin": random.Random(seed * 7919 + n // 4).randbytes(
+            sizes.randrange(256 << 10, 1 << 20)),
+        "model/weights.bin": sizes.randbytes(sizes.randrange(512 << 10, 4 << 20)),
+        "optim/state.bin": sizes.randbytes(sizes.randrange(0, 1 << 20)),  # may be empty
+    }
+    return files
+
+
+def store_dir(workdir: str) -> str:
+    return os.path.join(workdir, "store")
+
+
+def ack_path(workdir: str) -> str:
+    return os.path.join(workdir, "acks")
+
+
+def main(workdir: str, seed: int) -> None:
+    print("ready", flush=True)
+    store = open_store(store_dir(workdir), settings=SETTINGS)
+    attempt = store.open_attempt(KEY)
+    with open(ack_path(workdir), "a", encoding="ascii") as acks:
+        for n in range(MAX_SNAPSHOTS):
+            files = snapshot_files(seed, n)
+            with attempt.snapshot() as snap:
+                for path, data in files.items():
+                    if path.startswith("model/"):  # one file goes through add_file
+                        source = os.path.join(workdir, "weights.bin")
+                        with open(source, "wb") as f:
+                            f.write(data)
+                        snap.add_file(path, source)
+                    else:
+                        snap.add_bytes(path, data)
+                manifest = snap.commit(step=n, user={"n": n})
+            acks.write(f"{manifest.seq} {n}\n")
+            acks.flush()
+            os.fsync(acks.fileno())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,35 @@
+"""Damage stored objects behind the store's back, on either backend (for corruption tests)."""
+
+from __future__ import annotations
+
+import os
+
+from cairn.store.backend import Backend
+from cairn.store.local import LocalBackend
+
+
+def overwrite(backend: Backend, name: str, data: bytes) -> None:
+    """Replace object ``name`` with ``data`` unconditionally (what bit rot or a bad disk does)."""
+    if isinstance(backend, LocalBackend):
+        path = os.path.join(backend.root, name)
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:
+            f.truncate(0)
+            f.write(data)
+        return
+    from google.cloud import storage
+
+    bucket_name, _, prefix = backend.url[len("gs://"):].partition("/")
+    client = storage.Client(project="cairn-test")
+    full = f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
+    client.bucket(bucket_name).blob(full).upload_from_string(data)
+
+
+def flip_byte(backend: Backend, name: str, offset: int) -> None:
+    data = bytearray(backend.read(name))
+    data[offset] ^= 0xFF
+    overwrite(backend, name, bytes(data))
+
+
+def truncate(backend: Backend, name: str, length: int) -> None:
+    overwrite(backend, name, backend.read(name)[:length])
