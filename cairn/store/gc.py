@@ -10,6 +10,7 @@ the guarded delete fails, or the touch finds it gone and the writer writes the c
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING
 from cairn.exceptions import CorruptSnapshot, NotFound, PreconditionFailed
 from cairn.store.local import LocalBackend
 from cairn.store.packs import PACKS_PREFIX
-from cairn.store.slotlog import SlotLog, key_paths
+from cairn.store.manifest import manifest_from_json
+from cairn.store.slotlog import SlotLog, key_paths, parts_prefix
 
 if TYPE_CHECKING:
     from cairn.store.store import Store
@@ -36,7 +38,33 @@ class GCReport:
     raced: list[str] = field(default_factory=list)
     unreadable_records: list[str] = field(default_factory=list)
     temporaries_removed: int = 0
+    stale_parts_removed: int = 0
     dry_run: bool = False
+
+
+def _live_part_packs(store: Store, path: str, *, now: float, grace: float, report: GCReport,
+                     dry_run: bool) -> set[str]:
+    """Packs referenced by rank parts still in flight; parts older than the grace are stale
+    (their distributed snapshot was fenced or crashed) and are deleted."""
+    packs: set[str] = set()
+    backend = store.backend
+    for info in backend.list(parts_prefix(path)):
+        if now - info.updated > grace:
+            report.stale_parts_removed += 1
+            if not dry_run:
+                try:
+                    backend.delete(info.name, if_version=info.version)
+                except (PreconditionFailed, NotFound):
+                    pass
+            continue
+        try:
+            doc = json.loads(backend.read(info.name))
+            packs |= manifest_from_json(doc["manifest"]).packs()
+        except NotFound:
+            continue
+        except (ValueError, KeyError, TypeError, CorruptSnapshot) as e:
+            report.unreadable_records.append(f"{info.name}: {e}")
+    return packs
 
 
 def collect_garbage(store: Store, *, grace_seconds: float | None = None,
@@ -48,7 +76,10 @@ def collect_garbage(store: Store, *, grace_seconds: float | None = None,
     packs = list(backend.list(PACKS_PREFIX))  # before the manifests: see the module docstring
     report.packs_total = len(packs)
     referenced: set[str] = set()
+    now = time.time()
     for path in key_paths(backend):
+        referenced |= _live_part_packs(store, path, now=now, grace=grace, report=report,
+                                       dry_run=dry_run)
         slot = SlotLog(backend, path)
         for seq in slot.seqs():
             try:
@@ -61,7 +92,6 @@ def collect_garbage(store: Store, *, grace_seconds: float | None = None,
                 continue
             if record.manifest is not None:
                 referenced |= record.manifest.packs()
-    now = time.time()
     for info in packs:
         if info.name in referenced:
             report.packs_referenced += 1

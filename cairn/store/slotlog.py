@@ -37,6 +37,7 @@ from cairn.store.manifest import Manifest, dumps, manifest_from_json
 log = logging.getLogger(__name__)
 
 RECORD_SCHEMA = "cairn.record/1"
+PART_SCHEMA = "cairn.part/1"
 KEYS_PREFIX = "keys/"
 LOG_DIR = "@log"
 PARTS_DIR = "@parts"
@@ -72,8 +73,14 @@ def key_paths(backend: Backend) -> list[str]:
     return sorted(paths)
 
 
-def parts_prefix(key_path: str, seq: int) -> str:
-    return f"{KEYS_PREFIX}{key_path}/{PARTS_DIR}/{seq:020d}/"
+def parts_prefix(key_path: str, seq: int | None = None) -> str:
+    """Where rank parts of distributed snapshot ``seq`` (or of every seq) live."""
+    base = f"{KEYS_PREFIX}{key_path}/{PARTS_DIR}/"
+    return base if seq is None else f"{base}{seq:020d}/"
+
+
+def part_name(key_path: str, seq: int, rank: int) -> str:
+    return f"{parts_prefix(key_path, seq)}{rank:06d}.json"
 
 
 def seq_from_name(name: str) -> int | None:

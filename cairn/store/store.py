@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,20 +28,32 @@ from cairn.exceptions import (
     AlreadyExists,
     ConfigError,
     CorruptSnapshot,
+    Fenced,
     NoSnapshot,
     NotFound,
+    SnapshotTooSlow,
     StoreError,
 )
 from cairn.store.backend import Backend
 from cairn.store.keys import Key
-from cairn.store.manifest import ChunkRef, Manifest, SnapshotMode, dumps
+from cairn.store.manifest import (
+    ChunkRef,
+    FileEntry,
+    Manifest,
+    SnapshotMode,
+    dumps,
+    manifest_from_json,
+)
 from cairn.store.reader import SnapshotReader
 from cairn.store.slotlog import (
     AttemptLog,
     Record,
     RecordKind,
+    PART_SCHEMA,
     SlotLog,
     key_paths,
+    part_name,
+    parts_prefix,
     record_name,
     utc_now,
 )
@@ -220,6 +233,18 @@ class Store:
         return record.manifest
 
     # -- writing -----------------------------------------------------------------------------
+
+    def join_attempt(self, key: Key, *, epoch: int) -> Attempt:
+        """Another rank's view of the attempt that rank 0 opened at ``epoch``.
+
+        It creates no record; it writes parts (``commit_part``) and dedups against the same
+        parent. Raises NotFound when there is no ``open`` record at ``epoch``.
+        """
+        record = self.log(key).read(epoch)
+        if record.kind is not RecordKind.OPEN:
+            raise NotFound(f"key {key}: seq {epoch} is not an attempt's open record")
+        return Attempt(self, key, AttemptLog(self.log(key), epoch=epoch),
+                       self.latest_good(key, deep=False))
 
     def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None) -> Attempt:
         """Start an attempt: its ``open`` record fences every older attempt of ``key``.
@@ -421,6 +446,10 @@ class Attempt:
         """Begin the next snapshot; its parent is the last one committed or restored."""
         return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress)
 
+    def remember(self, manifest: Manifest) -> None:
+        """Index a manifest this attempt committed (a snapshot or a part) for dedup."""
+        self._index(manifest)
+
     def committed(self, manifest: Manifest) -> None:
         """Called by the writer once its ``snap`` record exists: index it and prune."""
         self.parent = manifest
@@ -429,6 +458,76 @@ class Attempt:
             self.store.prune(self.key)
         except StoreError as e:  # the snapshot is committed; retention catches up next time
             log.warning("key %s: retention failed after seq %d: %s", self.key, manifest.seq, e)
+
+    # -- distributed snapshots: each rank commits a part, rank 0 commits the snapshot -----------
+
+    def publish_part(self, manifest: Manifest, *, rank: int) -> None:
+        """Create this rank's part record, create-only (a conflict means fenced)."""
+        name = part_name(self.key.path, manifest.seq, rank)
+        doc = {"schema": PART_SCHEMA, "rank": rank, "epoch": self.epoch,
+               "manifest": manifest.to_json()}
+        try:
+            self.store.backend.create(name, dumps(doc))
+        except AlreadyExists:
+            raise Fenced(f"key {self.key}: part {rank} of seq {manifest.seq} already exists; "
+                         "another attempt has moved on") from None
+
+    def commit_parts(self, seq: int, *, world_size: int, step: int | None = None) -> Manifest:
+        """Rank 0: once every rank's part of ``seq`` exists, create the one ``snap`` record.
+
+        Each rank's files appear under ``rank-<r>/``. Raises :class:`StoreError` naming the
+        missing ranks when not all parts are there yet (wait at a barrier and call again), and
+        :class:`Fenced` when another attempt took ``seq``.
+        """
+        if seq != self.log.next_seq:
+            raise ConfigError(f"distributed snapshot seq must be {self.log.next_seq} (rank 0's "
+                              f"next seq), not {seq}; broadcast attempt.log.next_seq to the ranks")
+        if world_size < 1:
+            raise ConfigError("world_size must be at least 1")
+        parts: dict[int, Manifest] = {}
+        for info in self.store.backend.list(parts_prefix(self.key.path, seq)):
+            if time.time() - info.updated > self.store.gc_grace_seconds / 2:
+                raise SnapshotTooSlow(f"key {self.key}: part {info.name} is older than half the "
+                                      "GC grace; its packs may be collected. Take a new snapshot")
+            part = self._read_part(info.name)
+            if part is not None:
+                parts[part[0]] = part[1]
+        missing = [r for r in range(world_size) if r not in parts]
+        if missing:
+            raise StoreError(f"key {self.key}: seq {seq} lacks parts from ranks {missing}")
+        files = tuple(
+            FileEntry(f"rank-{rank}/{entry.path}", entry.size, entry.chunks, entry.mode)
+            for rank in range(world_size) for entry in parts[rank].files
+        )
+        written = sum(parts[r].bytes_written for r in range(world_size))
+        manifest = Manifest(
+            key=self.key.components, seq=seq, epoch=self.epoch,
+            parent=self.parent.seq if self.parent else None, created_at=utc_now(),
+            mode=parts[0].mode, files=files,
+            metadata={"step": step, "bytes_logical": sum(f.size for f in files),
+                      "bytes_written": written, "world_size": world_size,
+                      "ranks": [parts[r].metadata for r in range(world_size)]},
+        )
+        self.log.append(RecordKind.SNAP, {"manifest": manifest.to_json()})
+        for rank in range(world_size):
+            try:
+                self.store.backend.delete(part_name(self.key.path, seq, rank))
+            except StoreError:
+                pass  # GC removes stale parts
+        self.committed(manifest)
+        return manifest
+
+    def _read_part(self, name: str) -> tuple[int, Manifest] | None:
+        try:
+            doc = json.loads(self.store.backend.read(name))
+            rank, epoch = int(doc["rank"]), int(doc["epoch"])
+            if doc.get("schema") != PART_SCHEMA or epoch != self.epoch:
+                log.warning("key %s: ignoring part %s of another attempt", self.key, name)
+                return None
+            return rank, manifest_from_json(doc["manifest"])
+        except (ValueError, KeyError, TypeError, CorruptSnapshot) as e:
+            log.warning("key %s: ignoring unreadable part %s: %s", self.key, name, e)
+            return None
 
     def finish(self) -> None:
         """The step succeeded: create ``done`` (fencing everyone), then delete the snapshots."""

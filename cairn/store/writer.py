@@ -183,6 +183,33 @@ class SnapshotWriter:
         attempt took the seq, and :class:`~cairn.exceptions.SnapshotTooSlow` when the
         snapshot outlived half the GC grace (its reused chunks may no longer be protected).
         """
+        def publish(manifest: Manifest) -> None:
+            self._attempt.log.append(RecordKind.SNAP, {"manifest": manifest.to_json()})
+
+        manifest = self._finish(self._attempt.log.next_seq, step, compat, user, publish)
+        self._attempt.committed(manifest)
+        return manifest
+
+    def commit_part(self, *, seq: int, rank: int, step: int | None = None,
+                    compat: Mapping[str, Any] | None = None,
+                    user: Mapping[str, Any] | None = None) -> Manifest:
+        """Commit this rank's part of distributed snapshot ``seq`` (rank 0 announces ``seq``).
+
+        Durable when this returns; visible to readers only once rank 0's
+        :meth:`~cairn.store.store.Attempt.commit_parts` creates the ``snap`` record.
+        """
+        if not isinstance(rank, int) or rank < 0:
+            raise ConfigError(f"rank must be a non-negative integer, not {rank!r}")
+
+        def publish(manifest: Manifest) -> None:
+            self._attempt.publish_part(manifest, rank=rank)
+
+        manifest = self._finish(seq, step, compat, user, publish)
+        self._attempt.remember(manifest)
+        return manifest
+
+    def _finish(self, seq: int, step: int | None, compat: Mapping[str, Any] | None,
+                user: Mapping[str, Any] | None, publish: Callable[[Manifest], None]) -> Manifest:
         self._check_open()
         try:
             self._packs.flush()
@@ -193,38 +220,39 @@ class SnapshotWriter:
                     f"({self._store.gc_grace_seconds:.0f}s); not committed. Raise "
                     "gc_grace_seconds in the store's cairn-store.json or snapshot less data"
                 )
-            metadata: dict[str, Any] = {
-                "step": step,
-                "bytes_logical": self.stats.bytes_logical,
-                "bytes_written": self.stats.bytes_written,
-                "chunks": self.stats.chunks_total,
-                "chunks_reused": self.stats.chunks_reused,
-                "producer": {
-                    "cairn": cairn.__version__,
-                    "python": platform.python_version(),
-                    **writer_identity(),
-                },
-                "compat": dict(compat or {}),
-                "user": dict(user or {}),
-            }
-            attempt_log = self._attempt.log
             manifest = Manifest(
                 key=self._attempt.key.components,
-                seq=attempt_log.next_seq,
-                epoch=attempt_log.epoch,
+                seq=seq,
+                epoch=self._attempt.epoch,
                 parent=self._parent.seq if self._parent is not None else None,
                 created_at=utc_now(),
                 mode=self._mode,
                 files=tuple(self._files.values()),
-                metadata=metadata,
+                metadata=self._metadata(step, compat, user),
             )
-            attempt_log.append(RecordKind.SNAP, {"manifest": manifest.to_json()})
+            publish(manifest)
         except BaseException:
             self.abort()
             raise
         self._closed = True
-        self._attempt.committed(manifest)
         return manifest
+
+    def _metadata(self, step: int | None, compat: Mapping[str, Any] | None,
+                  user: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {
+            "step": step,
+            "bytes_logical": self.stats.bytes_logical,
+            "bytes_written": self.stats.bytes_written,
+            "chunks": self.stats.chunks_total,
+            "chunks_reused": self.stats.chunks_reused,
+            "producer": {
+                "cairn": cairn.__version__,
+                "python": platform.python_version(),
+                **writer_identity(),
+            },
+            "compat": dict(compat or {}),
+            "user": dict(user or {}),
+        }
 
     def abort(self) -> None:
         """Discard everything; nothing becomes visible. Safe to call more than once."""
