@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -180,15 +181,17 @@ class SlotLog:
 
     def records(self) -> list[Record]:
         """Every readable record, ascending; unreadable ones are logged and left out."""
-        out = []
-        for seq in self.seqs():
+        return list(reversed(list(self.newest_first())))
+
+    def newest_first(self) -> Iterator[Record]:
+        """Readable records from the tail back, read lazily (stop early to read few)."""
+        for seq in reversed(self.seqs()):
             try:
-                out.append(self.read(seq))
+                yield self.read(seq)
             except NotFound:
                 continue  # pruned between list and read
             except CorruptSnapshot as e:
                 log.warning("key %s: skipping %s", self.key, e)
-        return out
 
     def _key(self) -> Key:
         if not isinstance(self.key, Key):

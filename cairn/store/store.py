@@ -210,7 +210,7 @@ class Store:
     def snapshots(self, key: Key) -> list[SnapshotInfo]:
         """Committed snapshots after the last ``done``, newest first; unreadable ones logged."""
         out: list[SnapshotInfo] = []
-        for record in reversed(self.log(key).records()):
+        for record in self.log(key).newest_first():
             if record.kind is RecordKind.DONE:
                 break
             if record.kind is RecordKind.SNAP and record.manifest is not None:
@@ -368,7 +368,7 @@ class Store:
         deleted = []
         snaps_seen = 0
         done_seen = False
-        for record in reversed(self.log(key).records()):
+        for record in self.log(key).newest_first():
             if record.kind is RecordKind.DONE:
                 done_seen = True
             if record.kind is not RecordKind.SNAP:
