@@ -79,6 +79,15 @@ class Backend(abc.ABC):
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``offset``; fewer only when the object is shorter."""
 
+    def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
+        """Fill ``buffer`` from ``offset``; returns the bytes read (fewer only at the end).
+
+        Backends that can read into caller memory override this to spare an allocation.
+        """
+        data = self.read_range(name, offset, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose name starts with ``prefix``, sorted by name."""

@@ -82,27 +82,18 @@ class LocalBackend(Backend):
         self.root = root
         self.url = "file://" + root
         self._ops = fileops or OsFileOps()
-        self._known_dirs: set[str] = set()
+        # Directories whose entry in their parent is known to be durable.
+        self._durable_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
         if create:
-            self._ensure_dir(root)
+            self._make_root(root)
         elif not os.path.isdir(root):
             raise NotFound(f"no cairn store at {root!r}; check the path, or write a snapshot "
                            "there first with `cairn put`")
 
-    # -- paths -------------------------------------------------------------------------
-
-    def _path(self, name: str) -> str:
-        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
-            raise ConfigError(f"invalid object name {name!r}")
-        return os.path.join(self.root, name)
-
-    def _ensure_dir(self, path: str) -> None:
-        """Create ``path`` and its missing parents, each made durable in its parent."""
-        if path in self._known_dirs:
-            return
+    def _make_root(self, root: str) -> None:
         missing = []
-        probe = path
+        probe = root
         while not os.path.isdir(probe):
             missing.append(probe)
             probe = os.path.dirname(probe)
@@ -112,10 +103,44 @@ class LocalBackend(Backend):
             except FileExistsError:
                 continue
             self._ops.fsync_dir(os.path.dirname(directory))
-        with self._dirs_lock:
-            self._known_dirs.add(path)
 
-    def _publish(self, temp: str, final: str) -> None:
+    # -- paths -------------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+            raise ConfigError(f"invalid object name {name!r}")
+        return os.path.join(self.root, name)
+
+    def _ensure_dir(self, path: str) -> list[str]:
+        """Create ``path`` and its missing parents; return those not yet known durable.
+
+        The caller fsyncs their parents (:meth:`_make_durable`) before it publishes anything
+        inside them. That fsync is left to the publisher, which runs on a pool thread, because
+        a directory fsync waits for the journal and would stall the thread filling packs.
+        """
+        pending = []
+        probe = path
+        while probe != self.root and probe not in self._durable_dirs:
+            pending.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(pending):
+            try:
+                self._ops.mkdir(directory)
+            except FileExistsError:
+                pass
+        return pending
+
+    def _make_durable(self, directories: list[str]) -> None:
+        """Fsync the parent of each directory (made by :meth:`_ensure_dir`), top-down."""
+        for directory in reversed(directories):
+            if directory in self._durable_dirs:
+                continue
+            self._ops.fsync_dir(os.path.dirname(directory))
+            with self._dirs_lock:
+                self._durable_dirs.add(directory)
+
+    def _publish(self, temp: str, final: str, new_dirs: list[str]) -> None:
+        self._make_durable(new_dirs)
         try:
             self._ops.link(temp, final)
         except FileExistsError:
@@ -133,8 +158,8 @@ class LocalBackend(Backend):
 
     def open_writer(self, name: str) -> BlobWriter:
         final = self._path(name)
-        self._ensure_dir(os.path.dirname(final))
-        return _LocalBlobWriter(self, final)
+        new_dirs = self._ensure_dir(os.path.dirname(final))
+        return _LocalBlobWriter(self, final, new_dirs)
 
     def read(self, name: str) -> bytes:
         try:
@@ -149,15 +174,34 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             raise NotFound(f"{name} does not exist in {self.url}") from None
         try:
-            parts = []
-            while length > 0:
-                piece = os.pread(fd, min(length, 16 << 20), offset)
+            first = os.pread(fd, length, offset)
+            if len(first) == length or not first:
+                return first
+            parts = [first]
+            got = len(first)
+            while got < length:
+                piece = os.pread(fd, length - got, offset + got)
                 if not piece:
                     break
                 parts.append(piece)
-                offset += len(piece)
-                length -= len(piece)
+                got += len(piece)
             return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
+        try:
+            fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+        try:
+            got = 0
+            while got < len(buffer):
+                n = os.preadv(fd, [buffer[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
         finally:
             os.close(fd)
 
@@ -246,9 +290,10 @@ class LocalBackend(Backend):
 
 
 class _LocalBlobWriter(BlobWriter):
-    def __init__(self, backend: LocalBackend, final: str) -> None:
+    def __init__(self, backend: LocalBackend, final: str, new_dirs: list[str]) -> None:
         self._backend = backend
         self._final = final
+        self._new_dirs = new_dirs
         self._temp = os.path.join(os.path.dirname(final), f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         self._ops = backend._ops
         try:
@@ -276,7 +321,7 @@ class _LocalBlobWriter(BlobWriter):
         finally:
             self._ops.close(fd)
         self._done = True
-        self._backend._publish(self._temp, self._final)
+        self._backend._publish(self._temp, self._final, self._new_dirs)
 
     def abort(self) -> None:
         if self._fd is not None:

@@ -36,6 +36,9 @@ class PackWriter:
         self._pool = pool
         self._slots = threading.Semaphore(max_inflight)
         self._current: BlobWriter | None = None
+        # The next pack, opened on the pool while the current one fills: creating a file
+        # waits for the filesystem journal, which is busy with the previous pack's fsync.
+        self._next: Future[tuple[str, BlobWriter]] | None = None
         self._current_name = ""
         self._current_size = 0
         self._futures: list[Future[None]] = []
@@ -45,8 +48,11 @@ class PackWriter:
         """Append one chunk; returns ``(pack name, offset)``."""
         self._raise_failed()
         if self._current is None:
-            self._current_name = new_pack_name()
-            self._current = self._backend.open_writer(self._current_name)
+            if self._next is not None:
+                future, self._next = self._next, None
+                self._current_name, self._current = future.result()
+            else:
+                self._current_name, self._current = self._open()
             self._current_size = 0
             self.created.add(self._current_name)
         offset = self._current_size
@@ -55,7 +61,21 @@ class PackWriter:
         name = self._current_name
         if self._current_size >= self._pack_bytes:
             self._seal()
+        elif self._next is None and self._current_size >= self._pack_bytes // 2:
+            self._next = self._pool.submit(self._open)
         return name, offset
+
+    def _open(self) -> tuple[str, BlobWriter]:
+        name = new_pack_name()
+        return name, self._backend.open_writer(name)
+
+    def _drop_next(self) -> None:
+        future, self._next = self._next, None
+        if future is not None:
+            try:
+                future.result()[1].abort()
+            except Exception:  # noqa: BLE001 - it was never used; nothing to lose
+                pass
 
     def _seal(self) -> None:
         writer, self._current = self._current, None
@@ -79,6 +99,7 @@ class PackWriter:
     def flush(self) -> None:
         """Seal the open pack and wait until every pack is durable."""
         self._seal()
+        self._drop_next()
         futures, self._futures = self._futures, []
         for future in futures:
             future.result()
@@ -88,6 +109,7 @@ class PackWriter:
         if self._current is not None:
             self._current.abort()
             self._current = None
+        self._drop_next()
         for future in self._futures:
             try:
                 future.result()

@@ -1,8 +1,10 @@
 """Reading a snapshot back, verifying every chunk inside the same streaming pass.
 
 Adjacent chunks of a file that sit next to each other in one pack are fetched with one
-ranged read, and a few reads are kept in flight ahead of the consumer, so a cold disk or a
-remote bucket overlaps with hashing. Memory stays at ``prefetch`` × one read (≤ 32 MiB).
+ranged read (up to 4 MiB), and ``prefetch`` reads are kept in flight ahead of the consumer, so
+a cold disk or a remote bucket overlaps with hashing. Reads land in a small ring of reused
+buffers (a fresh multi-MiB allocation per read costs a page fault per 4 KiB), so memory stays at
+about ``prefetch`` × 4 MiB, and a yielded chunk is valid only until the next one is requested.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from cairn.store.backend import Backend
 from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
 
-MAX_READ_BYTES = 32 << 20
+MAX_READ_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,14 @@ def _coalesce(chunks: tuple[ChunkRef, ...]) -> list[_Range]:
     return ranges
 
 
+def _take_buffer(free: list[bytearray], length: int) -> bytearray:
+    while free:
+        buffer = free.pop()
+        if len(buffer) >= length:
+            return buffer
+    return bytearray(max(length, MAX_READ_BYTES))
+
+
 def _make_range(run: list[ChunkRef]) -> _Range:
     start = run[0].offset
     return _Range(run[0].pack, start, run[-1].offset + run[-1].size - start, tuple(run))
@@ -62,20 +73,20 @@ class SnapshotReader:
         self._pool = pool
         self._prefetch = max(1, prefetch)
 
-    def _fetch(self, rng: _Range) -> bytes:
+    def _fetch_into(self, rng: _Range, buffer: bytearray) -> int:
         try:
-            data = self.backend.read_range(rng.pack, rng.offset, rng.length)
+            return self.backend.read_range_into(rng.pack, rng.offset, memoryview(buffer)[:rng.length])
         except NotFound:
             first = rng.chunks[0]
             raise CorruptSnapshot(
                 f"chunk {first.digest} is missing: its pack {rng.pack} does not exist",
                 seq=self.manifest.seq, digest=first.digest) from None
-        return data
 
     def iter_file(self, path: str, *, progress: Callable[[int], None] | None = None
                   ) -> Iterator[memoryview]:
         """Yield the file's bytes chunk by chunk, each verified before it is yielded.
 
+        A yielded view is valid only until the next one is requested (copy it to keep it).
         Raises :class:`CorruptSnapshot` (naming the chunk) at the first bad chunk.
         """
         entry = self.manifest.file(path)
@@ -84,16 +95,19 @@ class SnapshotReader:
     def _iter_entry(self, entry: FileEntry, progress: Callable[[int], None] | None
                     ) -> Iterator[memoryview]:
         ranges = _coalesce(entry.chunks)
-        pending: list[Future[bytes]] = []
+        free: list[bytearray] = []
+        pending: deque[tuple[_Range, bytearray, Future[int]]] = deque()
         next_index = 0
         try:
             for _ in ranges:
                 while next_index < len(ranges) and len(pending) < self._prefetch:
-                    pending.append(self._pool.submit(self._fetch, ranges[next_index]))
+                    rng = ranges[next_index]
                     next_index += 1
-                rng_index = next_index - len(pending)
-                data = memoryview(pending.pop(0).result())
-                rng = ranges[rng_index]
+                    buffer = _take_buffer(free, rng.length)
+                    pending.append((rng, buffer, self._pool.submit(self._fetch_into, rng, buffer)))
+                rng, buffer, future = pending.popleft()
+                got = future.result()
+                data = memoryview(buffer)[:got]
                 for chunk in rng.chunks:
                     start = chunk.offset - rng.offset
                     piece = data[start:start + chunk.size]
@@ -109,8 +123,9 @@ class SnapshotReader:
                     if progress is not None:
                         progress(chunk.size)
                     yield piece
+                free.append(buffer)
         finally:
-            for future in pending:
+            for _, _, future in pending:
                 future.cancel()
 
     def read_file(self, path: str) -> bytes:
@@ -125,10 +140,11 @@ class SnapshotReader:
 
     def restore_to(self, dest: str | os.PathLike[str], *,
                    progress: Callable[[int], None] | None = None) -> None:
-        """Write every file under ``dest``, all or nothing.
+        """Write every file under ``dest``, all or nothing, durable when this returns.
 
         Files go to a temporary sibling directory that replaces ``dest`` (which must not
-        exist, or be an empty directory) only after every chunk verified.
+        exist, or be an empty directory) only after every chunk verified and every file and
+        directory was fsynced, so a power loss never leaves a ``dest`` that looks complete.
         """
         dest = os.path.abspath(dest)
         if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
@@ -138,18 +154,33 @@ class SnapshotReader:
         os.makedirs(parent, exist_ok=True)
         partial = os.path.join(parent, f".{os.path.basename(dest)}.cairn-partial-{uuid.uuid4().hex[:8]}")
         os.mkdir(partial)
+        directories = {partial}
         try:
             for entry in self.manifest.files:
                 target = os.path.join(partial, *entry.path.split("/"))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
+                directories.add(os.path.dirname(target))
                 with open(target, "wb") as out:
                     for piece in self._iter_entry(entry, progress):
                         out.write(piece)
-                if entry.mode is not None:
-                    os.chmod(target, entry.mode)
+                    out.flush()
+                    if entry.mode is not None:
+                        os.fchmod(out.fileno(), entry.mode)
+                    os.fsync(out.fileno())
+            for directory in sorted(directories, key=len, reverse=True):
+                _fsync_dir(directory)
             if os.path.isdir(dest):
                 os.rmdir(dest)
             os.rename(partial, dest)
+            _fsync_dir(parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

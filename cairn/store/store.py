@@ -75,7 +75,7 @@ class StoreSettings:
     pack_bytes: int = 32 << 20
     max_inflight_packs: int = 4
     io_threads: int = 8
-    read_prefetch: int = 4
+    read_prefetch: int = 8
     keep_last: int = 3
 
     def __post_init__(self) -> None:
