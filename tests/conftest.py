@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -10,6 +11,11 @@ import pytest
 
 from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
+
+
+def _drain(stream) -> None:  # noqa: ANN001 - a pipe
+    for _ in stream:
+        pass
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +28,9 @@ def gcs_server() -> Iterator[str]:
 
     server = FakeGCSServer()
     server.start()
+    # The wrapper pipes the server's log but never reads it; once ~64 KiB pile up the server
+    # blocks on its log writes and stops answering. Drain it.
+    threading.Thread(target=_drain, args=(server._process.stderr,), daemon=True).start()
     try:
         yield server.url
     finally:

@@ -31,12 +31,12 @@ from datetime import datetime, timezone
 import google.api_core.exceptions as gexc
 import google_crc32c
 import requests
-from requests.adapters import HTTPAdapter
 from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
 from google.cloud import storage
 from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from google.cloud.storage.retry import DEFAULT_RETRY
+from requests.adapters import HTTPAdapter
 
 from cairn.exceptions import (
     AlreadyExists,
@@ -56,21 +56,12 @@ if int(storage.__version__.split(".", 1)[0]) < 3:  # pragma: no cover - depends 
 # response was lost, a 412 from our own earlier attempt is told apart from a real conflict.
 _UPLOAD_TOKEN_KEY = "cairn-upload"
 _TOUCH_KEY = "cairn-touched"
-_LIST_FIELDS = "items(name,size,generation,metageneration,updated),nextPageToken"
+_LIST_FIELDS = "items(name,size,generation,metageneration,updated{}),nextPageToken"
 _EMULATOR_PROJECT = "cairn-emulator"
 
 
 def _crc32c_b64(data: bytes) -> str:
     return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode("ascii")
-
-
-def _info(name: str, blob: storage.Blob) -> ObjectInfo:
-    return ObjectInfo(
-        name=name,
-        size=int(blob.size or 0),
-        version=f"{blob.generation}.{blob.metageneration}",
-        updated=blob.updated.timestamp() if blob.updated is not None else 0.0,
-    )
 
 
 class GCSBackend(Backend):
@@ -99,8 +90,10 @@ class GCSBackend(Backend):
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"
         self._timeout = timeout
-        # fake-gcs-server (v1.54) ignores preconditions on DELETE; see delete().
+        # fake-gcs-server (v1.54) ignores preconditions on DELETE and keeps `updated` on a
+        # metadata patch; see delete() and _info().
         self._emulated = bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+        self._list_fields = _LIST_FIELDS.format(",metadata" if self._emulated else "")
         self._owns_client = client is None
         if client is None:
             client = self._make_client()
@@ -148,7 +141,7 @@ class GCSBackend(Backend):
             list(blobs)
         except gexc.NotFound:
             raise self._missing_bucket() from None
-        except Exception as e:
+        except (gexc.GoogleAPIError, GoogleAuthError, OSError) as e:
             raise self._store_error("listing", "", e) from e
 
     # -- names and errors ----------------------------------------------------------------
@@ -160,6 +153,21 @@ class GCSBackend(Backend):
     def _check_name(name: str) -> None:
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
             raise ConfigError(f"invalid object name {name!r}")
+
+    def _info(self, name: str, blob: storage.Blob) -> ObjectInfo:
+        updated = blob.updated.timestamp() if blob.updated is not None else 0.0
+        if self._emulated:
+            # fake-gcs-server leaves `updated` alone on a patch, so take the time touch()
+            # recorded; GCS itself moves `updated` on every metadata change.
+            touched = (blob.metadata or {}).get(_TOUCH_KEY)
+            with contextlib.suppress(TypeError, ValueError):
+                updated = max(updated, datetime.fromisoformat(touched).timestamp())
+        return ObjectInfo(
+            name=name,
+            size=int(blob.size or 0),
+            version=f"{blob.generation}.{blob.metageneration}",
+            updated=updated,
+        )
 
     def _store_error(self, action: str, name: str, e: BaseException) -> StoreError:
         where = f"{name} in {self.url}" if name else self.url
@@ -289,11 +297,12 @@ class GCSBackend(Backend):
         # common backend prefix is the order of the names: no buffering and sorting needed.
         strip = len(self._key(""))
         blobs = self._client.list_blobs(
-            self._bucket, prefix=self._key(prefix), fields=_LIST_FIELDS, timeout=self._timeout
+            self._bucket, prefix=self._key(prefix), fields=self._list_fields,
+            timeout=self._timeout,
         )
         try:
             for blob in blobs:
-                yield _info(blob.name[strip:], blob)
+                yield self._info(blob.name[strip:], blob)
         except gexc.NotFound:  # listing only 404s for the bucket
             raise self._missing_bucket() from None
         except (gexc.GoogleAPIError, GoogleAuthError, OSError) as e:
@@ -305,7 +314,7 @@ class GCSBackend(Backend):
             blob = self._bucket.get_blob(self._key(name), timeout=self._timeout)
         if blob is None:
             raise NotFound(f"{name} does not exist in {self.url}")
-        return _info(name, blob)
+        return self._info(name, blob)
 
     def delete(self, name: str, *, if_version: str | None = None) -> None:
         self._check_name(name)
@@ -337,8 +346,9 @@ class GCSBackend(Backend):
     def touch(self, name: str) -> None:
         self._check_name(name)
         blob = self._bucket.blob(self._key(name))
-        # Any metadata change bumps metageneration and `updated`; the value itself is only
-        # informative. Patch merges keys, so the upload token stays.
+        # Any metadata change bumps metageneration and `updated`. The value, the touch time,
+        # stands in for `updated` under fake-gcs-server (see _info). Patch merges keys, so
+        # the upload token stays.
         blob.metadata = {_TOUCH_KEY: datetime.now(timezone.utc).isoformat()}
         with self._errors("touching", name):
             # Repeating a touch is harmless, so retry it even without a precondition.
