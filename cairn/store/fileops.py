@@ -40,8 +40,8 @@ class FileOps(Protocol):
     def fsync_dir(self, path: str) -> None:
         """Make the directory's entries (creations, links, removals) durable."""
 
-    def utime(self, path: str) -> None:
-        """Set the modification time to now (the GC's notion of "recently used")."""
+    def utime(self, path: str, ns: int) -> None:
+        """Set the access and modification times to ``ns`` (GC's notion of "recently used")."""
 
 
 class OsFileOps:
@@ -81,5 +81,5 @@ class OsFileOps:
         finally:
             os.close(fd)
 
-    def utime(self, path: str) -> None:
-        os.utime(path)
+    def utime(self, path: str, ns: int) -> None:
+        os.utime(path, ns=(ns, ns))

@@ -101,8 +101,10 @@ class LocalBackend(Backend):
             try:
                 self._ops.mkdir(directory)
             except FileExistsError:
-                continue
+                pass
             self._ops.fsync_dir(os.path.dirname(directory))
+        # The root may have been made by a process that died before making it durable.
+        self._ops.fsync_dir(os.path.dirname(root))
 
     # -- paths -------------------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class LocalBackend(Backend):
             # The kernel's clock for mtime is coarse (a tick); force a strictly newer value so
             # that every touch changes the version a concurrent GC compares against.
             now = max(time.time_ns(), st.st_mtime_ns + 1)
-            os.utime(path, ns=(now, now))
+            self._ops.utime(path, now)
         except FileNotFoundError:
             raise NotFound(f"{name} does not exist in {self.url}") from None
 

@@ -1,10 +1,9 @@
 """A snapshot writer to SIGKILL: ``python -m tests.support.crash_writer WORKDIR SEED``.
 
 It commits snapshots of one key to the store ``WORKDIR/store``, forever, and after each commit
-returns appends ``"<seq> <n>\\n"`` to ``WORKDIR/acks`` with flush and fsync: snapshot ``n`` (counted from 0) holds exactly
-:func:`snapshot_files` ``(SEED, n)``, so the killing test can regenerate every byte. It prints
-``ready`` once imported, so the test can time its kill from there.
-"""
+returns appends ``"<seq> <n>\\n"`` to ``WORKDIR/acks`` with flush and fsync. Snapshot ``n``
+(counted from 0) holds exactly :func:`snapshot_files` ``(SEED, n)``, so the killing test can
+regenerate every byte. It prints ``ready`` once imported, so the kill can be timed from there."""
 
 from __future__ import annotations
 
@@ -25,15 +24,14 @@ MAX_SNAPSHOTS = 500  # a safety stop, should the test never kill it
 
 def snapshot_files(seed: int, n: int) -> dict[str, bytes]:
     """The files of snapshot ``n`` of a run seeded ``seed`` (1-6 MiB in all)."""
-    sizes = random.Random(seed * 1_000_003 + n)
-    files = {
+    static = random.Random(f"static:{seed}:{n // 4}")
+    fresh = random.Random(f"snapshot:{seed}:{n}")
+    return {
         # Changes every fourth snapshot, so most snapshots dedup it against their parent.
-        "static/vocab.bin": random.Random(seed * 7919 + n // 4).randbytes(
-            sizes.randrange(256 << 10, 1 << 20)),
-        "model/weights.bin": sizes.randbytes(sizes.randrange(512 << 10, 4 << 20)),
-        "optim/state.bin": sizes.randbytes(sizes.randrange(0, 1 << 20)),  # may be empty
+        "static/vocab.bin": static.randbytes(static.randrange(256 << 10, 1 << 20)),
+        "model/weights.bin": fresh.randbytes(fresh.randrange(768 << 10, 4 << 20)),
+        "optim/state.bin": fresh.randbytes(fresh.randrange(0, 1 << 20)),  # may be empty
     }
-    return files
 
 
 def store_dir(workdir: str) -> str:

@@ -120,11 +120,16 @@ class RecordingFileOps:
     def fsync_dir(self, path: str) -> None:
         with self._lock:
             self.inner.fsync_dir(path)
-            self._record(Op("fsync_dir", self.rel(path)))
+            if not self.outside(path):
+                self._record(Op("fsync_dir", self.rel(path)))
 
-    def utime(self, path: str) -> None:
+    def outside(self, path: str) -> bool:
+        """True for the root's parent: the model takes the root's own entry as durable."""
+        return os.path.abspath(path) == os.path.dirname(self.root)
+
+    def utime(self, path: str, ns: int) -> None:
         with self._lock:
-            self.inner.utime(path)
+            self.inner.utime(path, ns)
             self._record(Op("utime", self.rel(path)))
 
 
@@ -149,7 +154,7 @@ class LossyFileOps(RecordingFileOps):
         super().fsync(fd)
 
     def fsync_dir(self, path: str) -> None:
-        if self.skip == "fsync_dir" and self.rel(path).startswith(self.under):
+        if self.skip == "fsync_dir" and not self.outside(path) and self.rel(path).startswith(self.under):
             return
         super().fsync_dir(path)
 

@@ -185,8 +185,6 @@ def test_simulator_detects_a_missing_sync(tmp_path: Path, skip: str, under: str,
     assert any(symptom in p for p in problems), (upto, problems)
 
 
-@pytest.mark.xfail(strict=True, reason="LocalBackend._ensure_dir never fsyncs the parent of a "
-                   "directory that already exists, even one a killed writer left non-durable")
 def test_directory_left_by_a_killed_writer_is_made_durable(tmp_path: Path) -> None:
     """A writer killed between ``mkdir`` and its parent's ``fsync_dir`` leaves a directory that
     is not durable. The next writer finds it and uses it; its commit must still survive a
