@@ -362,6 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cairn: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`cairn ls | head`); that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (CairnError, OSError) as e:
         code = exit_code_for(e)
         print(f"cairn: error: {e}", file=sys.stderr)

@@ -149,7 +149,9 @@ class Store:
         if not create:
             raise NotFound(f"no cairn store at {self.backend.url} (no {CONFIG_NAME}); "
                            "check the URL, or write a snapshot there first")
-        for _ in self.backend.list(""):
+        for info in self.backend.list(""):
+            if info.name == CONFIG_NAME:  # another process created the store meanwhile
+                return self._parse_config(self.backend.read(CONFIG_NAME))
             raise ConfigError(
                 f"{self.backend.url} is not empty and is not a cairn store; "
                 "give a new or empty directory or bucket prefix"

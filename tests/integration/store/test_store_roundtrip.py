@@ -148,3 +148,16 @@ def test_store_refuses_non_empty_foreign_directory(tmp_path) -> None:
         open_store(os.fspath(tmp_path / "home"))
     with pytest.raises(NotFound, match="no cairn store"):
         open_store(os.fspath(tmp_path / "absent"), create=False)
+
+
+def test_concurrent_store_creation_agrees(backend_url: str) -> None:
+    """Many processes may open a new store at once; all of them end up using the same one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cairn.store import open_store
+
+    with ThreadPoolExecutor(8) as pool:
+        stores = list(pool.map(lambda _: open_store(backend_url), range(8)))
+    assert len({s.config["created_at"] for s in stores}) == 1
+    for s in stores:
+        s.close()
