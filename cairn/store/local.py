@@ -97,14 +97,9 @@ class LocalBackend(Backend):
         while not os.path.isdir(probe):
             missing.append(probe)
             probe = os.path.dirname(probe)
-        for directory in reversed(missing):
-            try:
-                self._ops.mkdir(directory)
-            except FileExistsError:
-                pass
-            self._ops.fsync_dir(os.path.dirname(directory))
-        # The root may have been made by a process that died before making it durable.
-        self._ops.fsync_dir(os.path.dirname(root))
+        self._mkdirs(missing)
+        # An existing root may have been made by a process that died before making it durable.
+        self._make_durable(missing or [root])
 
     # -- paths -------------------------------------------------------------------------
 
@@ -125,12 +120,16 @@ class LocalBackend(Backend):
         while probe != self.root and probe not in self._durable_dirs:
             pending.append(probe)
             probe = os.path.dirname(probe)
-        for directory in reversed(pending):
+        self._mkdirs(pending)
+        return pending
+
+    def _mkdirs(self, directories: list[str]) -> None:
+        """Create each directory (listed deepest first), parents first; existing ones are fine."""
+        for directory in reversed(directories):
             try:
                 self._ops.mkdir(directory)
             except FileExistsError:
                 pass
-        return pending
 
     def _make_durable(self, directories: list[str]) -> None:
         """Fsync the parent of each directory (made by :meth:`_ensure_dir`), top-down."""
