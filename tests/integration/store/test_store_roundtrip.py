@@ -161,3 +161,51 @@ def test_concurrent_store_creation_agrees(backend_url: str) -> None:
     assert len({s.config["created_at"] for s in stores}) == 1
     for s in stores:
         s.close()
+
+
+def _store_with_config(backend_url: str, config: dict) -> Store:  # noqa: ANN001
+    import json
+
+    from cairn.store import open_store
+    from cairn.store.url import open_backend
+
+    open_backend(backend_url).create("cairn-store.json", json.dumps(config).encode())
+    return open_store(backend_url)
+
+
+def test_snapshot_longer_than_half_the_grace_is_not_committed(backend_url: str) -> None:
+    import time
+
+    from cairn.exceptions import SnapshotTooSlow
+
+    store = _store_with_config(backend_url, {"format": "cairn.store/1", "gc_grace_seconds": 0.4})
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap:
+        snap.add_bytes("p", payload(1, 1000))
+        time.sleep(0.3)
+        with pytest.raises(SnapshotTooSlow, match="GC grace"):
+            snap.commit()
+    assert store.snapshots(KEY) == []
+    with attempt.snapshot() as snap:  # the attempt is not fenced: a quick snapshot commits
+        snap.add_bytes("p", payload(1, 1000))
+        assert snap.commit().seq == attempt.epoch + 1
+    store.close()
+
+
+def test_store_written_by_a_newer_cairn_is_refused(backend_url: str) -> None:
+    with pytest.raises(ConfigError, match="upgrade cairn"):
+        _store_with_config(backend_url, {"format": "cairn.store/2"})
+
+
+def test_record_with_unknown_schema_is_skipped_with_reason(store: Store, caplog) -> None:
+    from cairn.store.slotlog import record_name
+
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap:
+        snap.add_bytes("p", b"x")
+        good = snap.commit()
+    store.backend.create(record_name(KEY.path, good.seq + 1),
+                         b'{"schema": "cairn.record/9", "kind": "snap", "seq": %d}' % (good.seq + 1))
+    with caplog.at_level("WARNING"):
+        assert [i.seq for i in store.snapshots(KEY)] == [good.seq]
+    assert "upgrade cairn" in caplog.text
