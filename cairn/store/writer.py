@@ -83,6 +83,7 @@ class SnapshotWriter:
     def add_bytes(self, path: str, data: bytes | bytearray | memoryview, *,
                   cuts: Iterable[int] = (), mode: int | None = None) -> FileEntry:
         """Add a file from a buffer; ``cuts`` are offsets where a chunk must begin."""
+        self._check_new_path(path)
         view = memoryview(data).cast("B")
         chunks = [self._add_chunk(view[start:end])
                   for start, end in chunk_spans(len(view), cuts=cuts, max_chunk=self._max_chunk)]
@@ -94,6 +95,7 @@ class SnapshotWriter:
 
         With ``cuts``, ``size`` is required and the stream must hold exactly ``size`` bytes.
         """
+        self._check_new_path(path)
         cuts = list(cuts)
         if cuts and size is None:
             raise ConfigError("add_stream with cuts needs size= (the stream's length)")
@@ -130,21 +132,23 @@ class SnapshotWriter:
             return self.add_stream(path, f, size=st.st_size, cuts=cuts,
                                    mode=stat.S_IMODE(st.st_mode))
 
-    def _add_entry(self, path: str, size: int, chunks: list[ChunkRef],
-                   mode: int | None) -> FileEntry:
+    def _check_new_path(self, path: str) -> None:
+        self._check_open()
         try:
             check_relative_path(path)
         except ValueError as e:
             raise ConfigError(f"{e}; give a relative path such as 'model/weights.bin'") from None
         if path in self._files:
             raise ConfigError(f"{path!r} was already added to this snapshot")
+
+    def _add_entry(self, path: str, size: int, chunks: list[ChunkRef],
+                   mode: int | None) -> FileEntry:
         entry = FileEntry(path, size, tuple(chunks), mode)
         self._files[path] = entry
         self.stats.bytes_logical += size
         return entry
 
     def _add_chunk(self, data: memoryview) -> ChunkRef:
-        self._check_open()
         digest = compute_digest(data)
         self.stats.chunks_total += 1
         ref = self._reuse(digest, len(data))
