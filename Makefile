@@ -11,6 +11,9 @@ all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	# The CPU build of torch, pinned for development and tests (the runtime range is torch>=2.4);
+	# installed first so that nothing below pulls a multi-GB CUDA build.
+	$(PY) -m pip install --quiet 'torch==2.13.0'
 	$(PY) -m pip install --quiet -e '.[dev,gcs]'
 	touch $(STAMP)
 

@@ -448,6 +448,13 @@ class Attempt:
         """Begin the next snapshot; its parent is the last one committed or restored."""
         return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress)
 
+    def resume_from(self, manifest: Manifest) -> None:
+        """Make ``manifest`` (the snapshot actually restored) the parent of the next snapshot,
+        and the only source of dedup besides this attempt's own uploads."""
+        self.parent = manifest
+        self.known_chunks = {}
+        self._index(manifest)
+
     def remember(self, manifest: Manifest) -> None:
         """Index a manifest this attempt committed (a snapshot or a part) for dedup."""
         self._index(manifest)

@@ -1,0 +1,161 @@
+"""Gather the state of live training objects into one tree, and put a tree back.
+
+Restore is all-or-nothing: :func:`check_compatible` compares every stored tensor's shape and
+dtype (and the optimizers' parameter layout) with the live objects and reports every mismatch
+before :func:`apply` copies the first byte. Device placement follows the live objects:
+``load_state_dict`` copies into the model's existing (possibly GPU) parameters.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from cairn.exceptions import ConfigError
+
+
+class StateMismatch(ConfigError):
+    """The snapshot does not fit the live model or optimizer (changed architecture?)."""
+
+
+def named(value: Any, what: str) -> dict[str, Any]:
+    """``{"default": obj}`` for one object, the dict itself for several, ``{}`` for None."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        for name in value:
+            if not isinstance(name, str):
+                raise ConfigError(f"{what} names must be strings, got {name!r}")
+        return dict(value)
+    return {"default": value}
+
+
+@dataclass
+class Targets:
+    """The live objects a :class:`~cairn.state.checkpointer.Checkpointer` snapshots."""
+
+    models: dict[str, torch.nn.Module] = field(default_factory=dict)
+    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    scalers: dict[str, Any] = field(default_factory=dict)
+    loader: Any = None
+
+    def __post_init__(self) -> None:
+        for name, model in self.models.items():
+            if not isinstance(model, torch.nn.Module):
+                raise ConfigError(f"model {name!r} is a {type(model).__name__}, not a torch.nn.Module")
+        for name, opt in self.optimizers.items():
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise ConfigError(f"optimizer {name!r} is a {type(opt).__name__}, not a "
+                                  "torch.optim.Optimizer")
+        for kind, objs in (("scheduler", self.schedulers), ("scaler", self.scalers)):
+            for name, obj in objs.items():
+                if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                    raise ConfigError(f"{kind} {name!r} has no state_dict/load_state_dict")
+        loader = self.loader
+        if loader is not None and not (hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")):
+            raise ConfigError(
+                f"loader= is a {type(loader).__name__}, which cannot save its position. Use "
+                "torchdata.stateful_dataloader.StatefulDataLoader (a drop-in DataLoader), or pass "
+                "any object with state_dict()/load_state_dict() such as a stateful sampler"
+            )
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": [],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        for index, cuda_state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
+
+
+def _tuples(value: Any) -> Any:
+    # random.setstate wants tuples all the way down.
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def gather(targets: Targets, *, step: int, extras: dict[str, Any]) -> dict[str, Any]:
+    """The whole state as one tree (tensors are the live ones: copy before training resumes)."""
+    return {
+        "step": step,
+        "models": {n: m.state_dict() for n, m in targets.models.items()},
+        "optimizers": {n: o.state_dict() for n, o in targets.optimizers.items()},
+        "schedulers": {n: s.state_dict() for n, s in targets.schedulers.items()},
+        "scalers": {n: s.state_dict() for n, s in targets.scalers.items()},
+        "loader": targets.loader.state_dict() if targets.loader is not None else None,
+        "rng": rng_state(),
+        "extras": extras,
+    }
+
+
+def check_compatible(tree: dict[str, Any], targets: Targets) -> None:
+    """Raise :class:`StateMismatch` listing every way the snapshot does not fit."""
+    problems: list[str] = []
+    for group in ("models", "optimizers", "schedulers", "scalers"):
+        stored, live = set(tree.get(group, {})), set(getattr(targets, group))
+        if stored != live:
+            problems.append(f"{group}: the snapshot has {sorted(stored)}, you passed {sorted(live)}")
+    for name, model in targets.models.items():
+        saved = tree.get("models", {}).get(name)
+        if saved is None:
+            continue
+        current = model.state_dict()
+        missing, extra = set(current) - set(saved), set(saved) - set(current)
+        if missing or extra:
+            problems.append(f"model {name!r}: keys missing from the snapshot {sorted(missing)[:5]}, "
+                            f"unexpected {sorted(extra)[:5]}")
+        for key in set(current) & set(saved):
+            a, b = current[key], saved[key]
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    problems.append(f"model {name!r} {key}: snapshot {tuple(b.shape)} {b.dtype}, "
+                                    f"live {tuple(a.shape)} {a.dtype}")
+    for name, opt in targets.optimizers.items():
+        saved = tree.get("optimizers", {}).get(name)
+        if saved is None:
+            continue
+        live_groups = [len(g["params"]) for g in opt.state_dict()["param_groups"]]
+        saved_groups = [len(g["params"]) for g in saved.get("param_groups", [])]
+        if live_groups != saved_groups:
+            problems.append(f"optimizer {name!r}: snapshot has parameter groups of sizes "
+                            f"{saved_groups}, live {live_groups}")
+    if (tree.get("loader") is None) != (targets.loader is None):
+        problems.append("loader: pass the same loader= as when the snapshot was taken")
+    if problems:
+        raise StateMismatch("the snapshot does not fit the live objects (nothing was loaded):\n  "
+                            + "\n  ".join(problems))
+
+
+def apply(tree: dict[str, Any], targets: Targets) -> None:
+    """Load a checked tree into the live objects (after :func:`check_compatible`)."""
+    for name, model in targets.models.items():
+        model.load_state_dict(tree["models"][name])
+    for name, opt in targets.optimizers.items():
+        opt.load_state_dict(tree["optimizers"][name])
+    for name, sched in targets.schedulers.items():
+        sched.load_state_dict(tree["schedulers"][name])
+    for name, scaler in targets.scalers.items():
+        scaler.load_state_dict(tree["scalers"][name])
+    if targets.loader is not None:
+        targets.loader.load_state_dict(tree["loader"])
+    set_rng_state(tree["rng"])

@@ -1,0 +1,203 @@
+"""The state format: a JSON tree plus raw tensor bytes with a typed header. No pickle.
+
+:func:`flatten` turns a state tree — dicts (str, int, float, bool or None keys), lists,
+tuples, ``None``, booleans, numbers, strings, torch tensors and numpy arrays — into a JSON-able
+structure in which every array is replaced by its index in a separate list of arrays.
+:func:`unflatten` reverses it. Containers are tagged (``{"$dict": [[k, v], ...]}``) so that
+integer keys (optimizer state) and tuples (Adam's betas, RNG states) come back as they were.
+
+Each array is stored as its raw bytes in C order, described by a :class:`ArrayHeader`
+(kind, dtype, shape, nbytes). Decoding checks that the byte count matches the header before
+anything is built from the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cairn.exceptions import ConfigError, CorruptSnapshot
+
+STATE_SCHEMA = "cairn.state/1"
+
+# torch dtypes by the name we store; numpy dtypes are stored as numpy's own str (e.g. "<u4").
+_TORCH_DTYPES = (
+    "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
+    "int64", "int32", "int16", "int8", "uint8", "bool",
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+)
+_NUMPY_KINDS = frozenset("biufc")
+
+
+@dataclass(frozen=True)
+class ArrayHeader:
+    """What a stored array is: ``kind`` "torch" or "numpy", its dtype name, shape and size."""
+
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape),
+                "nbytes": self.nbytes}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ArrayHeader:
+        try:
+            kind, dtype = str(doc["kind"]), str(doc["dtype"])
+            shape = tuple(int(d) for d in doc["shape"])
+            nbytes = int(doc["nbytes"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptSnapshot(f"bad array header {doc!r}: {e}") from None
+        if kind == "torch" and dtype not in _TORCH_DTYPES:
+            raise CorruptSnapshot(f"unknown torch dtype {dtype!r} (upgrade cairn?)")
+        if kind == "numpy":
+            try:
+                if np.dtype(dtype).kind not in _NUMPY_KINDS:
+                    raise TypeError
+            except TypeError:
+                raise CorruptSnapshot(f"unsupported numpy dtype {dtype!r}") from None
+        elif kind != "torch":
+            raise CorruptSnapshot(f"unknown array kind {kind!r}")
+        if any(d < 0 for d in shape) or nbytes < 0:
+            raise CorruptSnapshot(f"negative shape or size in {doc!r}")
+        return cls(kind, dtype, shape, nbytes)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _is_tensor(value: object) -> bool:
+    torch = _torch_if_loaded()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _torch_if_loaded() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def flatten(tree: Any, *, where: str = "state") -> tuple[Any, list[Any]]:
+    """``(structure, arrays)``: a JSON-able structure and the tensors/ndarrays it refers to."""
+    arrays: list[Any] = []
+    return _encode(tree, arrays, where), arrays
+
+
+def _encode(value: Any, arrays: list[Any], where: str) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {"$float": repr(value)}  # JSON has no NaN or infinity
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            if not (key is None or isinstance(key, (str, int, float, bool))):
+                raise ConfigError(f"{where}: dict key {key!r} is a {type(key).__name__}; "
+                                  "keys must be str, int, float, bool or None")
+            items.append([_encode(key, arrays, where), _encode(item, arrays, f"{where}[{key!r}]")])
+        return {"$dict": items}
+    if isinstance(value, list):
+        return {"$list": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if _is_tensor(value):
+        arrays.append(value)
+        return {"$tensor": len(arrays) - 1}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in _NUMPY_KINDS:
+            raise ConfigError(f"{where}: numpy arrays of dtype {value.dtype} cannot be stored; "
+                              "use numeric or boolean arrays")
+        arrays.append(value)
+        return {"$ndarray": len(arrays) - 1}
+    if isinstance(value, np.generic):
+        return _encode(value.item(), arrays, where)
+    raise ConfigError(f"{where} is a {type(value).__name__}, which a snapshot cannot hold without "
+                      "pickle; store JSON-able values (numbers, strings, lists, dicts) or tensors")
+
+
+def unflatten(structure: Any, arrays: list[Any]) -> Any:
+    """Rebuild the tree from :func:`flatten`'s structure and the decoded arrays."""
+    try:
+        return _decode(structure, arrays)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise CorruptSnapshot(f"state structure is malformed: {e}") from None
+
+
+def _decode(value: Any, arrays: list[Any]) -> Any:
+    if value is None or isinstance(value, (bool, str, int, float)):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, body), = value.items()
+        if tag == "$dict":
+            return {_decode(k, arrays): _decode(v, arrays) for k, v in body}
+        if tag == "$list":
+            return [_decode(v, arrays) for v in body]
+        if tag == "$tuple":
+            return tuple(_decode(v, arrays) for v in body)
+        if tag in ("$tensor", "$ndarray"):
+            return arrays[int(body)]
+        if tag == "$float":
+            if body not in ("nan", "inf", "-inf"):
+                raise ValueError(f"bad float {body!r}")
+            return float(body)
+    raise ValueError(f"unexpected element {value!r}")
+
+
+def header_of(array: Any) -> ArrayHeader:
+    if isinstance(array, np.ndarray):
+        return ArrayHeader("numpy", array.dtype.str, tuple(array.shape), int(array.nbytes))
+    dtype = str(array.dtype).removeprefix("torch.")
+    if dtype not in _TORCH_DTYPES:
+        raise ConfigError(f"torch dtype {dtype} is not supported in snapshots")
+    return ArrayHeader("torch", dtype, tuple(array.shape), array.numel() * array.element_size())
+
+
+def cpu_bytes(array: Any) -> memoryview:
+    """The array's raw bytes in C order, as a read-only view (a CPU copy for device tensors)."""
+    if isinstance(array, np.ndarray):
+        return memoryview(np.ascontiguousarray(array)).cast("B")
+    tensor = array.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous().reshape(-1)
+    if tensor.numel() == 0:
+        return memoryview(b"")
+    torch = _torch()
+    return memoryview(tensor.view(torch.uint8).numpy()).cast("B")
+
+
+def array_from_bytes(header: ArrayHeader, data: bytes | bytearray | memoryview) -> Any:
+    """Build a CPU tensor or ndarray from verified bytes; checks the size against the header.
+
+    A ``bytearray`` is used in place (the result shares its memory; do not reuse it).
+    """
+    if len(data) != header.nbytes:
+        raise CorruptSnapshot(f"array of {header.shape} {header.dtype} needs {header.nbytes} "
+                              f"bytes, got {len(data)}")
+    # A bytearray is owned by the caller and handed over; anything else is copied once.
+    owned = data if isinstance(data, bytearray) else bytearray(data)
+    if header.kind == "numpy":
+        arr = np.frombuffer(owned, dtype=np.dtype(header.dtype))
+        return arr.reshape(header.shape)
+    torch = _torch()
+    dtype = getattr(torch, header.dtype)
+    numel = math.prod(header.shape)
+    if numel * torch.empty((), dtype=dtype).element_size() != header.nbytes:
+        raise CorruptSnapshot(f"header {header} is inconsistent: shape and dtype do not make "
+                              f"{header.nbytes} bytes")
+    if numel == 0:
+        return torch.empty(header.shape, dtype=dtype)
+    raw = torch.frombuffer(owned, dtype=torch.uint8)
+    return raw.view(dtype).reshape(header.shape)

@@ -1,0 +1,95 @@
+"""A small, deterministic training job that uses cairn's Checkpointer (run as a module).
+
+``python -m tests.support.tiny_training STORE KEY OUT --total N --every K`` trains a small MLP
+on synthetic data with a StatefulDataLoader (2 workers, shuffled) and a random augmentation
+drawn from the torch RNG, snapshotting every K steps. It prints ``loss STEP VALUE`` after each
+step and ``saved STEP`` after each snapshot, and writes the final weights to OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch.utils.data import Dataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from cairn.state import Checkpointer
+
+
+class Noisy(Dataset):
+    """Fixed inputs; each item gets fresh noise from its worker's own generator.
+
+    The dataset is stateful (state_dict/load_state_dict), so StatefulDataLoader saves each
+    worker's generator with its position: the augmentation resumes exactly, not re-seeded.
+    """
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(256, 8, generator=g)
+        self.y = (self.x.sum(dim=1, keepdim=True) > 0).float()
+        self._gen: torch.Generator | None = None
+
+    def _generator(self) -> torch.Generator:
+        if self._gen is None:
+            info = get_worker_info()
+            self._gen = torch.Generator().manual_seed(info.seed if info is not None else 0)
+        return self._gen
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i] + 0.1 * torch.randn(8, generator=self._generator()), self.y[i]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"generator": self._generator().get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._generator().set_state(state["generator"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("key")
+    parser.add_argument("out")
+    parser.add_argument("--total", type=int, default=48)
+    parser.add_argument("--every", type=int, default=5)
+    args = parser.parse_args()
+
+    torch.manual_seed(1)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(32, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+    loader = StatefulDataLoader(Noisy(), batch_size=16, shuffle=True, num_workers=2,
+                                generator=torch.Generator().manual_seed(2))
+    ckpt = Checkpointer(store=args.store, key=args.key, every_steps=args.every, every_seconds=None)
+    step = ckpt.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
+    print(f"start {step}", flush=True)
+    batches = iter(loader)
+    while step < args.total:
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            continue
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        print(f"loss {step} {loss.item():.10f}", flush=True)
+        if ckpt.step(step):
+            print(f"saved {step}", flush=True)
+        step += 1
+    torch.save(model.state_dict(), args.out)
+    ckpt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
