@@ -58,3 +58,14 @@ class NoSnapshot(NotFound):
 class SnapshotTooSlow(StoreError):
     """A snapshot took longer than the store's GC grace allows; committing it could reference
     chunks that garbage collection may already have removed, so it is not committed."""
+
+
+class Preempted(CairnError):
+    """A preemption notice arrived; the final snapshot was committed if its cost fit the budget.
+
+    ``seq`` is the final snapshot's seq, or None when it was skipped or failed.
+    """
+
+    def __init__(self, message: str, *, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq

@@ -14,13 +14,19 @@ the newest snapshot that verifies and fits, and returns the step to run next (th
 completed step + 1, or 0). :meth:`Checkpointer.step` takes a snapshot when the policy says so;
 the snapshot holds the state *after* that step's update.
 
-This first version persists synchronously on the calling thread: when ``step()`` returns
-after a snapshot, it is durable. Staging into shared memory and persisting from a separate
-writer process (so training stalls only for a memory copy) builds on this format.
+Stage, then persist: by default (``persist=PersistMode.SIDECAR``) a snapshot copies every
+tensor into a pre-faulted shared-memory staging buffer and returns; a separate writer process
+(:mod:`cairn.state.sidecar`) chunks, hashes, dedups and commits it, so training stalls only
+for the copy. ``close()`` waits until the last snapshot is durable and raises if it failed. If a
+persist is still running at the next trigger, ``when_busy`` decides: wait for it, or skip this
+snapshot. ``PersistMode.INLINE`` persists on the calling thread instead (durable when ``step``
+returns). RAM: one staging buffer is 1× the state's bytes (``buffers=2``: 2×).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import logging
 import os
@@ -28,43 +34,70 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.exceptions import ConfigError, CorruptSnapshot
+from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
 from cairn.state import capture
 from cairn.state.codec import (
+    STATE_FILE,
     STATE_SCHEMA,
     ArrayHeader,
     array_from_bytes,
     cpu_bytes,
     flatten,
     header_of,
+    tensor_path,
     unflatten,
 )
+from cairn.state.sidecar import SidecarWriter
+from cairn.state.staging import StagingBuffer, plan
+from cairn.state.triggers import (
+    PreemptionNotice,
+    PreemptionPolicy,
+    signal_names,
+    young_daly_interval,
+)
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
+from cairn.store.slotlog import RecordKind
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.json"
-
-
-def tensor_path(index: int) -> str:
-    return f"tensors/{index:06d}"
-
 
 @dataclass(frozen=True)
 class SnapshotPolicy:
     """When :meth:`Checkpointer.step` snapshots: every ``every_steps`` steps and/or every
-    ``every_seconds`` seconds (whichever comes first)."""
+    ``every_seconds`` seconds, whichever comes first. With ``adaptive``, the time interval is
+    Young–Daly's ``sqrt(2 × snapshot cost × MTBF)`` from the measured snapshot cost and the
+    key's observed preemption rate (its attempts over time), clamped to
+    ``[min_seconds, max_seconds]``; ``every_seconds`` is used until both are known."""
 
     every_steps: int | None = None
     every_seconds: float | None = 600.0
+    adaptive: bool = False
+    min_seconds: float = 60.0
+    max_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_steps < 1:
             raise ConfigError("every_steps must be at least 1")
         if self.every_seconds is not None and self.every_seconds <= 0:
             raise ConfigError("every_seconds must be positive")
-        if self.every_steps is None and self.every_seconds is None:
-            raise ConfigError("give every_steps, every_seconds or both; otherwise nothing is saved")
+        if self.every_steps is None and self.every_seconds is None and not self.adaptive:
+            raise ConfigError("give every_steps, every_seconds or adaptive=True; otherwise "
+                              "nothing is saved")
+        if not 0 < self.min_seconds <= self.max_seconds:
+            raise ConfigError("need 0 < min_seconds <= max_seconds")
+
+
+class PersistMode(str, enum.Enum):
+    """Where a snapshot is persisted."""
+
+    SIDECAR = "sidecar"  # staged in shared memory, persisted by a writer process
+    INLINE = "inline"  # persisted on the training thread before step() returns
+
+
+class WhenBusy(str, enum.Enum):
+    """What a snapshot does while the previous one is still being persisted."""
+
+    WAIT = "wait"
+    SKIP = "skip"
 
 
 def save_state(store_attempt: Any, tree: dict[str, Any], *, step: int) -> Manifest:
@@ -127,7 +160,12 @@ class Checkpointer:
 
     def __init__(self, *, store: str | Store, key: str | Key,
                  policy: SnapshotPolicy | None = None, every_steps: int | None = None,
-                 every_seconds: float | None = None) -> None:
+                 every_seconds: float | None = None,
+                 preemption: PreemptionPolicy | None = PreemptionPolicy(),
+                 persist: PersistMode = PersistMode.SIDECAR, when_busy: WhenBusy = WhenBusy.WAIT,
+                 buffers: int = 1) -> None:
+        if buffers not in (1, 2):
+            raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if policy is None:
             policy = (SnapshotPolicy(every_steps=every_steps, every_seconds=every_seconds)
                       if every_steps is not None or every_seconds is not None else SnapshotPolicy())
@@ -142,6 +180,21 @@ class Checkpointer:
         self.last_snapshot: Manifest | None = None
         self._last_time = time.monotonic()
         self._last_step: int | None = None
+        self._preemption = preemption
+        self._notice: PreemptionNotice | None = None
+        self.snapshot_cost_s: float | None = None  # moving average of stall + persist time
+        self.last_stall_s: float | None = None  # time the last save() kept training waiting
+        self.mtbf_s: float | None = None  # observed time between preemptions of this key
+        self.persist_mode = PersistMode(persist)
+        self.when_busy = WhenBusy(when_busy)
+        self._buffer_count = buffers
+        self._buffers: dict[int, StagingBuffer] = {}
+        self._writer: SidecarWriter | None = None
+        self._fenced = False
+        self._last_error: str | None = None
+        self.committed_seq: int | None = None
+        self.committed_step: int | None = None
+        self.skipped = 0  # snapshots skipped because the previous one was still persisting
 
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
@@ -183,6 +236,11 @@ class Checkpointer:
             loader=loader,
         )
         self._attempt = self.store.open_attempt(self.key, note={"mode": "state"})
+        self.mtbf_s = _observed_mtbf(self.store, self.key)
+        if self._preemption is not None:
+            self._notice = PreemptionNotice(self._preemption)
+            if self._notice.install():
+                log.info("watching %s for preemption", signal_names(self._preemption.signals))
         for info in self.store.snapshots(self.key):
             try:
                 tree = load_state(self.store, info.manifest)
@@ -195,41 +253,208 @@ class Checkpointer:
             self.restored_from = info.manifest
             self._attempt.resume_from(info.manifest)
             self._last_step = int(tree["step"])
+            self.committed_seq, self.committed_step = info.seq, self._last_step
             log.info("key %s: resumed from seq %d (step %d)", self.key, info.seq, self._last_step)
+            self._start_writer()
             return self._last_step + 1
+        self._start_writer()
         return 0
+
+    def _start_writer(self) -> None:
+        if self.persist_mode is not PersistMode.SIDECAR:
+            return
+        parent = self._attempt.parent
+        self._writer = SidecarWriter(
+            store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
+            last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
+            settings=dataclasses.asdict(self.store.settings))
 
     def step(self, step: int) -> bool:
         """Call after ``step``'s optimizer update. Snapshots when the policy says so; returns
         whether it did. Raises :class:`~cairn.exceptions.Fenced` if a newer attempt exists."""
         self._require_restored()
+        self._collect()
+        if self._notice is not None and self._notice.pending:
+            self._final_snapshot(step)
+            return True
         policy = self.policy
+        interval = self.interval_seconds()
         due = (policy.every_steps is not None and (step + 1) % policy.every_steps == 0) or (
-            policy.every_seconds is not None
-            and time.monotonic() - self._last_time >= policy.every_seconds)
+            interval is not None and time.monotonic() - self._last_time >= interval)
         if due:
             self.save(step)
         return due
 
-    def save(self, step: int) -> Manifest:
-        """Snapshot now, as of after ``step``; durable when it returns."""
+    def interval_seconds(self) -> float | None:
+        """The current time interval between snapshots (None: by steps only)."""
+        policy = self.policy
+        if policy.adaptive and self.snapshot_cost_s is not None and self.mtbf_s is not None:
+            return young_daly_interval(snapshot_cost_s=self.snapshot_cost_s, mtbf_s=self.mtbf_s,
+                                       lower_s=policy.min_seconds, upper_s=policy.max_seconds)
+        if policy.every_seconds is None and policy.adaptive:
+            return policy.max_seconds
+        return policy.every_seconds
+
+    def _final_snapshot(self, step: int) -> None:
+        """A notice arrived: snapshot if the measured cost fits what is left, then chain."""
+        assert self._notice is not None
+        remaining = self._notice.remaining()
+        name = signal_names([self._notice.signum or 0])
+        seq = None
+        if self.snapshot_cost_s is not None and self.snapshot_cost_s > remaining:
+            log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",
+                        name, self.snapshot_cost_s, remaining)
+        else:
+            try:
+                manifest = self.save(step, wait=True, timeout=max(remaining, 0.0))
+                seq = manifest.seq if manifest is not None else None
+                if seq is not None:
+                    log.warning("%s: final snapshot seq %d at step %d", name, seq, step)
+            except CairnError as e:
+                log.error("%s: final snapshot failed: %s", name, e)
+        self._notice.chain()
+        raise Preempted(f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
+                        if seq is not None else "no final snapshot"), seq=seq)
+
+    def save(self, step: int, *, wait: bool = False,
+             timeout: float | None = None) -> Manifest | None:
+        """Snapshot now, as of after ``step``.
+
+        Inline, or with ``wait=True``: returns the committed manifest, durable (None if the
+        wait timed out). Otherwise returns None as soon as the state is staged; the writer
+        process commits it in the background. Returns None, without snapshotting, when the
+        previous snapshot is still persisting and ``when_busy`` is SKIP.
+        """
         self._require_restored()
         assert self._targets is not None
+        self._collect()
+        started = time.monotonic()
         tree = capture.gather(self._targets, step=step, extras=self.extras)
-        self.last_snapshot = save_state(self._attempt, tree, step=step)
+        if self.persist_mode is PersistMode.INLINE:
+            manifest = save_state(self._attempt, tree, step=step)
+            self._last_time = time.monotonic()
+            self.last_stall_s = self._last_time - started
+            self._record_cost(self.last_stall_s)
+            self.last_snapshot = manifest
+            self.committed_seq, self.committed_step = manifest.seq, step
+            self._last_step = step
+            return manifest
+        staged = self._stage(tree, step)
         self._last_time = time.monotonic()
+        if not staged:
+            return None
+        self.last_stall_s = self._last_time - started
         self._last_step = step
+        if not wait:
+            return None
+        assert self._writer is not None
+        if not self._writer.wait_idle(timeout):
+            return None
+        self._collect()
+        if self.committed_step != step or self.committed_seq is None:
+            raise StoreError(f"snapshot of step {step} failed: {self._last_error}")
+        self.last_snapshot = self.store.manifest(self.key, self.committed_seq)
         return self.last_snapshot
+
+    def _stage(self, tree: dict[str, Any], step: int) -> bool:
+        """Copy the state into a free staging buffer and hand it to the writer process."""
+        assert self._writer is not None
+        structure, arrays = flatten(tree)
+        views = [cpu_bytes(a) for a in arrays]
+        slots, total = plan([len(v) for v in views])
+        ids = list(range(self._buffer_count))
+        free = next((b for b in ids if not self._writer.is_busy(b)), None)
+        if free is None:
+            if self.when_busy is WhenBusy.SKIP:
+                log.info("step %d: previous snapshot still persisting; skipped", step)
+                self.skipped += 1
+                return False
+            free = self._writer.wait_free(ids)
+            self._collect()
+        assert free is not None
+        buffer = self._buffers.get(free)
+        if buffer is None or buffer.capacity < total:
+            if buffer is not None:
+                buffer.close()
+            buffer = StagingBuffer(total + total // 8)  # headroom for a state that grows
+            self._buffers[free] = buffer
+            self._writer.register_buffer(free, buffer.fd, buffer.capacity)
+        for slot, view in zip(slots, views):
+            buffer.write(slot, view)
+        index = {"schema": STATE_SCHEMA, "step": step, "structure": structure,
+                 "arrays": [header_of(a).to_json() for a in arrays]}
+        self._writer.persist(free, step=step, index=index,
+                             slots=[(slot.offset, slot.nbytes) for slot in slots])
+        return True
+
+    def _record_cost(self, seconds: float) -> None:
+        self.snapshot_cost_s = seconds if self.snapshot_cost_s is None else \
+            0.5 * self.snapshot_cost_s + 0.5 * seconds
+
+    def _collect(self) -> None:
+        """Take the writer's reports: committed snapshots, failures, fencing."""
+        if self._writer is None:
+            return
+        for result in self._writer.take_results():
+            if result.seq is not None:
+                self.committed_seq, self.committed_step = result.seq, result.step
+                self._record_cost((self.last_stall_s or 0.0) + result.seconds)
+                self._last_error = None
+            else:
+                self._last_error = result.error
+                log.error("key %s: snapshot of step %d was not committed: %s", self.key,
+                          result.step, result.error)
+            if result.fenced:
+                self._fenced = True
+        if self._fenced or self._writer.fenced:
+            self._fenced = True
+            raise Fenced(f"key {self.key}: a newer attempt has taken over; this one must stop")
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid (None before the first snapshot or in inline mode)."""
+        return self._writer.pid if self._writer is not None else None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every staged snapshot is committed or failed; False on timeout."""
+        if self._writer is None:
+            return True
+        done = self._writer.wait_idle(timeout)
+        self._collect()
+        return done
 
     def finish(self) -> None:
         """The whole step succeeded: mark the key done and drop its snapshots."""
         self._require_restored()
-        self._attempt.finish()
+        if self._writer is not None:
+            self.wait()
+            self._writer.finish(timeout=600)
+        else:
+            self._attempt.finish()
 
     def close(self) -> None:
-        """Release the store. Every snapshot that ``step``/``save`` reported is durable."""
+        """Release the store and the signal handlers. Every snapshot that ``step``/``save``
+        reported is durable."""
+        if self._notice is not None:
+            self._notice.uninstall()
+            self._notice = None
+        error = None
+        if self._writer is not None:
+            try:
+                self.wait()
+            except Fenced as e:
+                error = e
+            self._writer.close()
+            self._writer = None
+            if error is None and self._last_error is not None:
+                error = StoreError(f"the last snapshot was not committed: {self._last_error}")
+        for buffer in self._buffers.values():
+            buffer.close()
+        self._buffers.clear()
         if self._owns_store:
             self.store.close()
+        if error is not None:
+            raise error
 
     def _require_restored(self) -> None:
         if self._attempt is None:
@@ -240,3 +465,20 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _observed_mtbf(store: Store, key: Key) -> float | None:
+    """Seconds between this key's attempts so far (each retry follows a failure or
+    preemption), or None with fewer than two attempts."""
+    from datetime import datetime
+
+    opens = [r.created_at for r in store.history(key) if r.kind is RecordKind.OPEN]
+    if len(opens) < 2:
+        return None
+    try:
+        first = datetime.fromisoformat(opens[0].replace("Z", "+00:00"))
+        last = datetime.fromisoformat(opens[-1].replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    span = (last - first).total_seconds()
+    return span / (len(opens) - 1) if span > 0 else None

@@ -22,6 +22,12 @@ import numpy as np
 from cairn.exceptions import ConfigError, CorruptSnapshot
 
 STATE_SCHEMA = "cairn.state/1"
+STATE_FILE = "state.json"
+
+
+def tensor_path(index: int) -> str:
+    """Where array ``index`` of a state snapshot is stored."""
+    return f"tensors/{index:06d}"
 
 # torch dtypes by the name we store; numpy dtypes are stored as numpy's own str (e.g. "<u4").
 _TORCH_DTYPES = (

@@ -219,11 +219,27 @@ class AttemptLog:
     Not thread-safe: one thread appends (the store's writer serialises commits).
     """
 
-    def __init__(self, log: SlotLog, *, epoch: int) -> None:
+    def __init__(self, log: SlotLog, *, epoch: int, last_seq: int | None = None) -> None:
         self.log = log
         self.epoch = epoch
-        self.last_seq = epoch
+        self.last_seq = epoch if last_seq is None else last_seq
         self.fenced = False
+
+    def catch_up(self) -> None:
+        """Adopt this attempt's own records past ``last_seq`` (written by an earlier process of
+        the same attempt that died before it could say so); stop at another attempt's record,
+        which means this attempt is fenced."""
+        for seq in self.log.seqs():
+            if seq <= self.last_seq:
+                continue
+            try:
+                record = self.log.read(seq)
+            except (NotFound, CorruptSnapshot):
+                return
+            if record.epoch != self.epoch:
+                self.fenced = True
+                return
+            self.last_seq = seq
 
     @property
     def next_seq(self) -> int:

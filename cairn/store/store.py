@@ -248,6 +248,26 @@ class Store:
         return Attempt(self, key, AttemptLog(self.log(key), epoch=epoch),
                        self.latest_good(key, deep=False))
 
+    def resume_attempt(self, key: Key, *, epoch: int, last_seq: int,
+                       parent_seq: int | None) -> Attempt:
+        """Take over an attempt another process opened (a writer process, a restarted one).
+
+        Records of the same epoch past ``last_seq`` are adopted; a newer attempt's record
+        leaves the returned attempt fenced. The parent (for dedup) is ``parent_seq``'s snapshot
+        when it is still there.
+        """
+        attempt_log = AttemptLog(self.log(key), epoch=epoch, last_seq=last_seq)
+        attempt_log.catch_up()
+        parent = None
+        candidates = [attempt_log.last_seq] + ([parent_seq] if parent_seq is not None else [])
+        for seq in candidates:
+            try:
+                parent = self.manifest(key, seq)
+                break
+            except (NotFound, CorruptSnapshot):
+                continue
+        return Attempt(self, key, attempt_log, parent)
+
     def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None) -> Attempt:
         """Start an attempt: its ``open`` record fences every older attempt of ``key``.
 

@@ -3,12 +3,14 @@
 ``python -m tests.support.tiny_training STORE KEY OUT --total N --every K`` trains a small MLP
 on synthetic data with a StatefulDataLoader (2 workers, shuffled) and a random augmentation
 drawn from the torch RNG, snapshotting every K steps. It prints ``loss STEP VALUE`` after each
-step and ``saved STEP`` after each snapshot, and writes the final weights to OUT.
+step, ``saved STEP`` when a snapshot is staged and ``committed STEP`` when the writer process
+reports it durable, and writes the final weights to OUT.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 import torch
@@ -57,7 +59,15 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--total", type=int, default=48)
     parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--prev-handler", action="store_true",
+                        help="install a SIGTERM handler first, as Airflow's task runner does")
     args = parser.parse_args()
+    if args.prev_handler:
+        def previous_handler(signum: int, frame: object) -> None:
+            print("previous handler ran", flush=True)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, previous_handler)
 
     torch.manual_seed(1)
     torch.set_num_threads(1)
@@ -83,8 +93,11 @@ def main() -> int:
         opt.step()
         sched.step()
         print(f"loss {step} {loss.item():.10f}", flush=True)
+        committed = ckpt.committed_step
         if ckpt.step(step):
-            print(f"saved {step}", flush=True)
+            print(f"saved {step}", flush=True)  # staged; the writer process commits it
+        if ckpt.committed_step != committed:
+            print(f"committed {ckpt.committed_step}", flush=True)
         step += 1
     torch.save(model.state_dict(), args.out)
     ckpt.close()

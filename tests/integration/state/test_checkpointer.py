@@ -9,11 +9,22 @@ from torch.utils.data import DataLoader
 from cairn.exceptions import ConfigError, Fenced
 from cairn.state import Checkpointer
 from cairn.state.capture import StateMismatch
-from cairn.state.checkpointer import tensor_path
+from cairn.state.codec import tensor_path
 from cairn.store import Key, Store
 from tests.support import tamper
 
 KEY = "dag/train/run-1/0"
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():  # noqa: ANN201
+    """Checkpointers left open here keep their preemption handlers; put pytest's back."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 def make(seed: int = 0, hidden: int = 8):  # noqa: ANN201
@@ -41,6 +52,7 @@ def test_fresh_start_then_resume_from_last_snapshot(store: Store) -> None:
     assert saved == [2, 5]
     ckpt.extras["note"] = "hello"
     ckpt.save(6)
+    ckpt.close()  # waits until the last snapshot is durable
     model2, opt2 = make(seed=99)
     again = Checkpointer(store=store, key=KEY)
     assert again.restore(model=model2, optimizer=opt2) == 7
@@ -58,7 +70,9 @@ def test_corrupt_newest_falls_back_and_never_loads_it(store: Store) -> None:
     ckpt.step(0)
     good = [p.detach().clone() for p in model.parameters()]
     train_step(model, opt)
-    newest = ckpt.save(1)
+    newest = ckpt.save(1, wait=True)
+    assert newest is not None and newest.step == 1
+    ckpt.close()
     chunk = newest.file(tensor_path(0)).chunks[0]
     tamper.flip_byte(store.backend, chunk.pack, chunk.offset)
     model2, opt2 = make(seed=5)
@@ -72,6 +86,7 @@ def test_changed_architecture_is_refused_before_anything_loads(store: Store) -> 
     ckpt = Checkpointer(store=store, key=KEY)
     ckpt.restore(model=model, optimizer=opt)
     ckpt.save(0)
+    ckpt.close()
     bigger, bigger_opt = make(seed=3, hidden=16)
     before = [p.detach().clone() for p in bigger.parameters()]
     with pytest.raises(StateMismatch, match=r"snapshot \(8, 4\).*live \(16, 4\)"):
@@ -91,9 +106,16 @@ def test_fenced_checkpointer_raises_on_step(store: Store) -> None:
     model, opt = make()
     zombie = Checkpointer(store=store, key=KEY, every_steps=1, every_seconds=None)
     zombie.restore(model=model, optimizer=opt)
-    Checkpointer(store=store, key=KEY).restore(model=model, optimizer=opt)  # the retry
+    retry = Checkpointer(store=store, key=KEY)
+    retry.restore(model=model, optimizer=opt)
+    zombie.step(0)  # staged; the writer process finds the log moved on
     with pytest.raises(Fenced):
-        zombie.step(0)
+        zombie.wait()
+    with pytest.raises(Fenced):
+        zombie.step(1)
+    with pytest.raises(Fenced):
+        zombie.close()
+    retry.close()
 
 
 def test_from_env(monkeypatch: pytest.MonkeyPatch, backend_url: str) -> None:
@@ -111,3 +133,92 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, backend_url: str) -> None:
 def test_step_before_restore_is_an_error(store: Store) -> None:
     with pytest.raises(ConfigError, match="call restore"):
         Checkpointer(store=store, key=KEY).step(0)
+
+
+def test_adaptive_interval_uses_measured_cost_and_observed_attempts(store: Store) -> None:
+    from cairn.state.checkpointer import SnapshotPolicy
+
+    model, opt = make()
+    for _ in range(2):  # two earlier attempts: a preemption history
+        Checkpointer(store=store, key=KEY, preemption=None).restore(model=model, optimizer=opt)
+    policy = SnapshotPolicy(every_seconds=300, adaptive=True, min_seconds=1e-3, max_seconds=1e6)
+    ckpt = Checkpointer(store=store, key=KEY, policy=policy, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    assert ckpt.mtbf_s is not None and ckpt.mtbf_s > 0
+    assert ckpt.interval_seconds() == 300  # no measured cost yet
+    ckpt.save(0, wait=True)
+    assert ckpt.snapshot_cost_s is not None
+    expected = (2 * ckpt.snapshot_cost_s * ckpt.mtbf_s) ** 0.5
+    assert ckpt.interval_seconds() == pytest.approx(expected)
+
+
+def big_model():  # noqa: ANN201
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4096, 4096)  # 64 MiB of weights, 64 MiB of momentum
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4096)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_writer_killed_mid_persist_training_goes_on_nothing_partial(store: Store, caplog) -> None:
+    import os
+    import signal
+
+    model, opt = big_model()
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    first = ckpt.save(0, wait=True)
+    assert first is not None
+    opt.step()
+    ckpt.save(1)  # staged; the writer is now chunking and hashing 128 MiB
+    os.kill(ckpt.writer_pid, signal.SIGKILL)
+    with caplog.at_level("ERROR"):
+        assert ckpt.wait(timeout=60)
+    assert "not committed" in caplog.text and "exited" in caplog.text
+    assert [i.seq for i in store.snapshots(Key.parse(KEY))] == [first.seq]
+    assert store.verify(Key.parse(KEY)).ok
+    opt.step()
+    third = ckpt.save(2, wait=True)  # a new writer process takes over the attempt
+    assert third is not None and third.step == 2 and third.seq > first.seq
+    ckpt.close()
+    model2, opt2 = big_model()
+    assert Checkpointer(store=store, key=KEY, preemption=None).restore(model=model2, optimizer=opt2) == 3
+    assert torch.equal(model2.weight, model.weight)
+
+
+def test_skip_when_busy_and_inline_mode(store: Store) -> None:
+    import os
+    import signal
+
+    from cairn.state.checkpointer import PersistMode, WhenBusy
+
+    model, opt = big_model()
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None, when_busy=WhenBusy.SKIP)
+    ckpt.restore(model=model, optimizer=opt)
+    ckpt.save(0)
+    os.kill(ckpt.writer_pid, signal.SIGSTOP)  # hold the writer busy, deterministically
+    try:
+        ckpt.save(1)  # staged only if step 0 was already committed
+        ckpt.save(2)  # the one buffer is certainly busy now
+    finally:
+        os.kill(ckpt.writer_pid, signal.SIGCONT)
+    assert ckpt.skipped >= 1, "saves while the writer was busy were skipped, not queued"
+    ckpt.close()
+    assert store.manifest(Key.parse(KEY)).step in (0, 1)
+    inline = Checkpointer(store=store, key=KEY, preemption=None, persist=PersistMode.INLINE)
+    start = inline.restore(model=model, optimizer=opt)
+    manifest = inline.save(start)
+    assert manifest is not None and store.manifest(Key.parse(KEY)).seq == manifest.seq
+    inline.close()
+
+
+def test_finish_through_the_writer_marks_done(store: Store) -> None:
+    model, opt = make()
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    ckpt.save(0)
+    ckpt.finish()
+    ckpt.close()
+    assert store.snapshots(Key.parse(KEY)) == []
+    assert Checkpointer(store=store, key=KEY, preemption=None).restore(model=model, optimizer=opt) == 0

@@ -84,3 +84,18 @@ def _tmp(store: Store) -> str:
     import tempfile
 
     return f"{tempfile.mkdtemp()}/restore-{next(_counter)}"
+
+
+def test_resumed_attempt_adopts_its_own_records_and_sees_fencing(store: Store) -> None:
+    first = store.open_attempt(KEY)
+    m1 = commit(first, b"a" * 1000, step=1)
+    m2 = commit(first, b"b" * 1000, step=2)  # committed by a process that then died silently
+    taken_over = store.resume_attempt(KEY, epoch=first.epoch, last_seq=m1.seq, parent_seq=m1.seq)
+    assert taken_over.log.last_seq == m2.seq and not taken_over.fenced
+    assert taken_over.parent.seq == m2.seq
+    assert commit(taken_over, b"c" * 1000, step=3).seq == m2.seq + 1
+    store.open_attempt(KEY)  # a retry
+    late = store.resume_attempt(KEY, epoch=first.epoch, last_seq=m2.seq + 1, parent_seq=None)
+    assert late.fenced
+    with pytest.raises(Fenced):
+        commit(late, b"d", step=4)

@@ -1,0 +1,332 @@
+"""The writer process ("sidecar"): persists staged snapshots so training only pays for a copy.
+
+The trainer (:class:`SidecarWriter`) and the writer process talk over a Unix socket pair with
+length-prefixed JSON messages; staging buffers travel as file descriptors (SCM_RIGHTS). The
+writer process owns the attempt's appends from its start: it chunks, hashes, dedups and
+commits each staged snapshot, and reports ``committed`` or ``failed`` per snapshot.
+
+A writer process that dies is noticed by the trainer (end of stream), which logs the error,
+keeps training, and starts a new writer at the next snapshot; the new one adopts any record the
+dead one committed without reporting (``Store.resume_attempt``). A snapshot it had not
+committed is simply absent: nothing partial is ever visible. The writer runs in its own session,
+so a signal sent to the trainer's process group does not kill it mid-persist; it exits when the
+trainer's end of the socket closes, after finishing what it is doing.
+
+Run as ``python -m cairn.state.sidecar FD``; it imports neither torch nor the trainer's code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn.exceptions import CairnError, Fenced
+from cairn.state.codec import STATE_FILE, tensor_path
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!I")
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    frame = _HEADER.pack(len(data)) + data
+    if fds:
+        sent = socket.send_fds(sock, [frame], fds)
+        frame = frame[sent:]
+    if frame:
+        sock.sendall(frame)
+
+
+class _Receiver:
+    """Reassembles frames; descriptors are queued in arrival order."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.data = bytearray()
+        self.fds: deque[int] = deque()
+
+    def next(self) -> dict[str, Any] | None:
+        while True:
+            if len(self.data) >= _HEADER.size:
+                (length,) = _HEADER.unpack_from(self.data)
+                if len(self.data) >= _HEADER.size + length:
+                    body = bytes(self.data[_HEADER.size:_HEADER.size + length])
+                    del self.data[:_HEADER.size + length]
+                    return json.loads(body)
+            chunk, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 8)
+            if not chunk:
+                return None
+            self.data += chunk
+            self.fds.extend(fds)
+
+
+# -- the writer process ------------------------------------------------------------------------
+
+def serve(sock: socket.socket) -> int:
+    """The writer process's loop. Returns its exit code."""
+    from cairn.state.staging import map_shared
+    from cairn.store import Key, SnapshotMode, StoreSettings, open_store
+
+    receiver = _Receiver(sock)
+    init = receiver.next()
+    if init is None or init.get("op") != "init":
+        return 2
+    store = open_store(init["store"], settings=StoreSettings(**init.get("settings", {})))
+    key = Key(tuple(init["key"]))
+    attempt = store.resume_attempt(key, epoch=init["epoch"], last_seq=init["last_seq"],
+                                   parent_seq=init.get("parent_seq"))
+    _send(sock, {"op": "ready", "last_seq": attempt.log.last_seq, "fenced": attempt.fenced})
+    buffers: dict[int, Any] = {}
+    while True:
+        message = receiver.next()
+        if message is None or message["op"] == "close":
+            break
+        op = message["op"]
+        if op == "buffer":
+            old = buffers.pop(message["id"], None)
+            if old is not None:
+                old.close()
+            fd = receiver.fds.popleft()
+            buffers[message["id"]] = map_shared(fd, message["capacity"])
+            os.close(fd)
+            continue
+        try:
+            if op == "persist":
+                started = time.monotonic()
+                view = memoryview(buffers[message["buffer"]])
+                try:
+                    with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
+                        for index, (offset, nbytes) in enumerate(message["slots"]):
+                            snap.add_bytes(tensor_path(index), view[offset:offset + nbytes])
+                        snap.add_bytes(STATE_FILE, json.dumps(message["index"]).encode())
+                        manifest = snap.commit(step=message["step"])
+                finally:
+                    view.release()
+                _send(sock, {"op": "committed", "buffer": message["buffer"], "seq": manifest.seq,
+                             "step": manifest.step, "bytes_written": manifest.bytes_written,
+                             "seconds": time.monotonic() - started})
+            elif op == "finish":
+                attempt.finish()
+                _send(sock, {"op": "finished"})
+        except (CairnError, OSError) as e:
+            _send(sock, {"op": "failed", "buffer": message.get("buffer"), "error": str(e),
+                         "fenced": isinstance(e, Fenced)})
+    store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="cairn-writer: %(message)s")
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        return serve(sock)
+    finally:
+        sock.close()
+
+
+# -- the trainer's side ------------------------------------------------------------------------
+
+@dataclass
+class PersistResult:
+    step: int
+    seq: int | None = None
+    error: str | None = None
+    fenced: bool = False
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _State:
+    busy: set[int] = field(default_factory=set)
+    results: list[PersistResult] = field(default_factory=list)
+    last_seq: int = 0
+    fenced: bool = False
+    alive: bool = False
+
+
+class SidecarWriter:
+    """The trainer's handle on the writer process. Methods are called from the training
+    thread; a background thread reads the writer's reports."""
+
+    def __init__(self, *, store_url: str, key: tuple[str, ...], epoch: int, last_seq: int,
+                 parent_seq: int | None, settings: dict[str, Any] | None = None) -> None:
+        self._init = {"op": "init", "store": store_url, "key": list(key), "epoch": epoch,
+                      "parent_seq": parent_seq, "settings": settings or {}}
+        self._state = _State(last_seq=last_seq)
+        self._cond = threading.Condition()
+        self._buffers: dict[int, tuple[int, int]] = {}  # id -> (fd, capacity)
+        self._steps: dict[int, int] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._finished = threading.Event()
+        self._finish_error: tuple[str, bool] | None = None
+
+    # -- process lifecycle ---------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _ensure_running(self) -> None:
+        with self._cond:
+            if self._state.alive:
+                return
+            last_seq = self._state.last_seq
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "cairn.state.sidecar", str(child.fileno())],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            child.close()
+        self._sock = parent
+        receiver = _Receiver(parent)
+        _send(parent, {**self._init, "last_seq": last_seq})
+        ready = receiver.next()
+        if ready is None or ready.get("op") != "ready":
+            raise CairnError("the cairn writer process failed to start")
+        with self._cond:
+            self._state.alive = True
+            self._state.last_seq = ready["last_seq"]
+            self._state.fenced = self._state.fenced or ready["fenced"]
+        for buffer_id, (fd, capacity) in self._buffers.items():
+            _send(parent, {"op": "buffer", "id": buffer_id, "capacity": capacity}, [fd])
+        threading.Thread(target=self._read_reports, args=(receiver, self._proc), daemon=True,
+                         name="cairn-writer-reports").start()
+
+    def _read_reports(self, receiver: _Receiver, proc: subprocess.Popen[bytes]) -> None:
+        while True:
+            try:
+                message = receiver.next()
+            except OSError:
+                message = None
+            if message is None:
+                code = proc.wait()
+                with self._cond:
+                    if self._proc is proc:
+                        self._state.alive = False
+                        for buffer_id in list(self._state.busy):
+                            step = self._steps.pop(buffer_id, -1)
+                            self._state.results.append(PersistResult(
+                                step, error=f"the writer process exited (code {code}) before "
+                                            f"committing step {step}"))
+                        self._state.busy.clear()
+                        self._cond.notify_all()
+                return
+            with self._cond:
+                op = message["op"]
+                if op == "finished":
+                    self._finished.set()
+                    continue
+                buffer_id = message.get("buffer")
+                step = self._steps.pop(buffer_id, -1)
+                if op == "committed":
+                    self._state.last_seq = message["seq"]
+                    self._state.results.append(PersistResult(
+                        step, seq=message["seq"], bytes_written=message["bytes_written"],
+                        seconds=message["seconds"]))
+                else:
+                    self._state.fenced = self._state.fenced or message.get("fenced", False)
+                    self._state.results.append(PersistResult(
+                        step, error=message["error"], fenced=message.get("fenced", False)))
+                    if buffer_id is None:  # the finish request failed
+                        self._finish_error = (message["error"], message.get("fenced", False))
+                        self._finished.set()
+                self._state.busy.discard(buffer_id)
+                self._cond.notify_all()
+
+    # -- the trainer's calls -------------------------------------------------------------
+
+    def register_buffer(self, buffer_id: int, fd: int, capacity: int) -> None:
+        """Hand a (new or replaced) staging buffer to the writer. It must not be busy."""
+        self._buffers[buffer_id] = (fd, capacity)
+        with self._cond:
+            alive = self._state.alive
+        if alive and self._sock is not None:
+            _send(self._sock, {"op": "buffer", "id": buffer_id, "capacity": capacity}, [fd])
+
+    def is_busy(self, buffer_id: int) -> bool:
+        with self._cond:
+            return buffer_id in self._state.busy
+
+    def wait_free(self, buffer_ids: list[int], timeout: float | None = None) -> int | None:
+        """Block until one of ``buffer_ids`` is free; returns it (None on timeout)."""
+        with self._cond:
+            self._cond.wait_for(lambda: any(b not in self._state.busy for b in buffer_ids),
+                                timeout)
+            return next((b for b in buffer_ids if b not in self._state.busy), None)
+
+    def persist(self, buffer_id: int, *, step: int, index: dict[str, Any],
+                slots: list[tuple[int, int]]) -> None:
+        """Ask the writer to persist what is staged in ``buffer_id``; returns at once."""
+        self._ensure_running()
+        with self._cond:
+            self._state.busy.add(buffer_id)
+            self._steps[buffer_id] = step
+        assert self._sock is not None
+        _send(self._sock, {"op": "persist", "buffer": buffer_id, "step": step, "index": index,
+                           "slots": [list(s) for s in slots]})
+
+    def take_results(self) -> list[PersistResult]:
+        """Reports that arrived since the last call (committed or failed snapshots)."""
+        with self._cond:
+            results, self._state.results = self._state.results, []
+            return results
+
+    @property
+    def fenced(self) -> bool:
+        with self._cond:
+            return self._state.fenced
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing is being persisted; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._state.busy, timeout)
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Create the key's ``done`` record through the writer (it owns the attempt)."""
+        self.wait_idle()
+        self._ensure_running()
+        self._finished.clear()
+        self._finish_error = None
+        assert self._sock is not None
+        _send(self._sock, {"op": "finish"})
+        if not self._finished.wait(timeout):
+            raise CairnError("the writer process did not confirm the done record")
+        if self._finish_error is not None:
+            error, fenced = self._finish_error
+            raise Fenced(error) if fenced else CairnError(f"finishing failed: {error}")
+
+    def close(self) -> None:
+        """Wait for in-flight persists, then stop the writer process."""
+        self.wait_idle()
+        if self._sock is not None:
+            try:
+                _send(self._sock, {"op": "close"})
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""When to snapshot: preemption notices (chained signal handlers), budgets, Young–Daly.
+
+A :class:`PreemptionNotice` handler only records that a signal arrived; the training loop's
+next :meth:`~cairn.state.checkpointer.Checkpointer.step` decides whether a final snapshot fits
+the time left, takes it, and only *then* hands the signal on to whatever handler was installed
+before (Airflow's task runner installs one): deferring the chain is what lets the final snapshot
+happen before that handler raises or the default action kills the process. If the loop does
+not reach ``step()`` within the budget, a second delivery of the signal is chained at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from cairn.exceptions import ConfigError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+@dataclass(frozen=True)
+class PreemptionPolicy:
+    """Which signals announce preemption and how long a final snapshot may take.
+
+    ``budget_seconds`` is the time from the notice until the process will be killed: the
+    smaller of the platform's notice (GKE spot: about 15 s unless extended; Airflow's UI kill:
+    5 s) and the pod's termination grace. A final snapshot is attempted only when its measured
+    cost fits in what is left of it.
+    """
+
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
+    budget_seconds: float = 25.0
+
+    def __post_init__(self) -> None:
+        if self.budget_seconds <= 0:
+            raise ConfigError("budget_seconds must be positive")
+
+
+class PreemptionNotice:
+    """Installs flag-only handlers for ``policy.signals``; remembers the handlers it replaced.
+
+    Install and uninstall from the main thread (Python's rule for signal handlers). ``pending``
+    and ``received_at`` may be read from any thread.
+    """
+
+    def __init__(self, policy: PreemptionPolicy) -> None:
+        self.policy = policy
+        self.signum: int | None = None
+        self.received_at: float | None = None
+        self._previous: dict[int, Handler] = {}
+        self._event = threading.Event()
+        self._chained = False
+        self._watchdog: threading.Timer | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._event.is_set()
+
+    def install(self) -> bool:
+        """Install the handlers; False (and nothing installed) off the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("preemption signals are not watched: the Checkpointer was set up off the "
+                        "main thread")
+            return False
+        for signum in self.policy.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def remaining(self) -> float:
+        """Seconds left of the budget since the notice (the whole budget before one)."""
+        if self.received_at is None:
+            return self.policy.budget_seconds
+        return self.policy.budget_seconds - (time.monotonic() - self.received_at)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._event.is_set():
+            # A second notice (or the watchdog below): the loop did not get to step() in time.
+            self.chain(frame)
+            return
+        self.signum = signum
+        self.received_at = time.monotonic()
+        self._event.set()
+        self._watchdog = threading.Timer(max(self.remaining(), 0.0), self._redeliver)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _redeliver(self) -> None:
+        # Only while our handler is still the one installed: after chain() or uninstall() the
+        # signal would reach whatever is there now.
+        if not self._chained and self._previous and self.signum is not None:
+            os.kill(os.getpid(), self.signum)
+
+    def chain(self, frame: FrameType | None = None) -> None:
+        """Hand the recorded signal to the handler that was installed before ours.
+
+        A Python handler is called (it may raise, as Airflow's does); the default action is
+        re-delivered with our handler removed, so the process ends as it would have.
+        Ignored signals stay ignored. Runs at most once.
+        """
+        if self._chained or self.signum is None:
+            return
+        self._chained = True
+        signum = self.signum
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        self.uninstall()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            os.kill(os.getpid(), signum)
+            time.sleep(1.0)  # let the default action land before anything else runs
+
+
+def young_daly_interval(*, snapshot_cost_s: float, mtbf_s: float, lower_s: float = 60.0,
+                        upper_s: float = 3600.0) -> float:
+    """The snapshot interval that minimises expected lost work plus snapshot overhead:
+    ``sqrt(2 × cost × MTBF)`` (Young 1974, Daly 2006), clamped to ``[lower_s, upper_s]``."""
+    if snapshot_cost_s < 0 or mtbf_s <= 0:
+        raise ConfigError("snapshot cost must be >= 0 and MTBF > 0")
+    return min(max(math.sqrt(2.0 * snapshot_cost_s * mtbf_s), lower_s), upper_s)
+
+
+def signal_names(signals: Iterable[int]) -> str:
+    return ", ".join(signal.Signals(s).name for s in signals)
