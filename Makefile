@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv test test-fast demo bench clean
+.PHONY: all venv criu test test-fast demo bench clean
 
 all: test
 
@@ -19,8 +19,19 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## make criu: build and install CRIU 4.1.1 for process mode (root; skipped with a note otherwise)
+CRIU_STAMP := .cache/criu/.installed
+$(CRIU_STAMP): scripts/build_criu.sh
+	@if [ "$$(id -u)" -eq 0 ]; then \
+		bash scripts/build_criu.sh && mkdir -p $(@D) && touch $@; \
+	else \
+		echo "make: not root: CRIU not built; process-mode tests will skip (run: sudo make criu)"; \
+	fi
+
+criu: $(CRIU_STAMP)
+
 ## make test: create the environment and run the whole suite (slow end-to-end tests included)
-test: $(STAMP)
+test: $(STAMP) $(CRIU_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-fast: skip the tests marked slow

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build CRIU 4.1.1 from Debian's copy of the upstream tarball and install it to
-# /usr/local/sbin/criu. bookworm ships CRIU 3.17, which cannot checkpoint on recent kernels;
-# trixie ships 4.1.1 but its binary needs trixie's libraries, so we build the source here.
+# /usr/local/sbin/criu. cairn's process mode needs CRIU >= 4 (4.0 brought the CUDA plugin) and
+# bookworm ships 3.17; trixie's 4.1.1 binary needs trixie's libraries, so we build its source.
 #
 # Idempotent: does nothing when a criu >= 4 is installed and `criu check` says "Looks good".
 # Non-interactive (no prompts, no stdin needed; fine under CI=true). Needs root (apt-get and
@@ -23,21 +23,19 @@ CACHE="${CAIRN_CRIU_CACHE:-$REPO/.cache/criu}"
 START=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
 
-say() { printf 'build_criu: %s\n' "$*"; }
+say() { printf 'build_criu [%3ds]: %s\n' "$((SECONDS - START))" "$*"; }
 die() { printf 'build_criu: error: %s\n' "$*" >&2; exit 1; }
-elapsed() { printf '%ds' "$((SECONDS - START))"; }
 
-# The criu binary to judge: the one on PATH, else the one we install.
-find_criu() {
+# The criu binaries to judge: the one on PATH, then the one we install.
+criu_candidates() {
     local c
-    if c="$(command -v criu 2>/dev/null)"; then printf '%s\n' "$c"; return 0; fi
-    if [[ -x "$INSTALL_TO" ]]; then printf '%s\n' "$INSTALL_TO"; return 0; fi
-    return 1
+    if c="$(command -v criu 2>/dev/null)"; then printf '%s\n' "$c"; fi
+    if [[ -x "$INSTALL_TO" && "${c:-}" != "$INSTALL_TO" ]]; then printf '%s\n' "$INSTALL_TO"; fi
 }
 
 # "Version: 4.1.1" -> 4.1.1 (empty if unparseable).
 criu_version() {
-    "$1" --version 2>/dev/null | sed -n 's/^Version:[[:space:]]*\([0-9][0-9.]*\).*/\1/p' | head -n1
+    "$1" --version </dev/null 2>/dev/null | sed -n 's/^Version:[[:space:]]*\([0-9][0-9.]*\).*/\1/p' | head -n1
 }
 
 # True when $1 is criu >= 4 and `criu check` passes on this kernel.
@@ -45,7 +43,7 @@ criu_good() {
     local bin="$1" version out
     version="$(criu_version "$bin")"
     [[ -n "$version" && "${version%%.*}" -ge 4 ]] || { say "$bin is version '${version:-unknown}' (< 4)"; return 1; }
-    out="$("$bin" check 2>&1)" || true
+    out="$("$bin" check </dev/null 2>&1)" || true
     if grep -q "Looks good" <<<"$out"; then
         say "$bin $version: criu check: Looks good"
         return 0
@@ -55,10 +53,9 @@ criu_good() {
     return 1
 }
 
-if bin="$(find_criu)" && criu_good "$bin"; then
-    say "nothing to do ($(elapsed))"
-    exit 0
-fi
+while read -r bin; do
+    if criu_good "$bin"; then say "nothing to do"; exit 0; fi
+done < <(criu_candidates)
 
 [[ "$(id -u)" -eq 0 ]] || die "building CRIU needs root (apt-get, $INSTALL_TO); run: sudo bash scripts/build_criu.sh"
 command -v apt-get >/dev/null || die "apt-get not found; this script supports Debian/Ubuntu only (install CRIU >= 4 by hand and put it on PATH or set CAIRN_CRIU)"
@@ -173,4 +170,4 @@ if on_path="$(command -v criu 2>/dev/null)" && [[ "$on_path" != "$INSTALL_TO" ]]
 fi
 
 criu_good "$INSTALL_TO" || die "criu check failed on this kernel (see above); process mode cannot work here"
-say "done in $(elapsed)"
+say "done"

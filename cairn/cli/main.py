@@ -10,6 +10,7 @@ Exit codes (stable; scripts may rely on them):
 4     verification failed: a snapshot is corrupt or incomplete
 5     fenced: another attempt moved the key's log on
 6     storage error: I/O, network or permission problem
+7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
 130   interrupted (Ctrl-C)
 ====  ==============================================================
 
@@ -47,6 +48,7 @@ EXIT_NOT_FOUND = 3
 EXIT_CORRUPT = 4
 EXIT_FENCED = 5
 EXIT_STORAGE = 6
+EXIT_NOT_READY = 7
 EXIT_INTERRUPTED = 130
 
 
@@ -297,11 +299,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m or 1h") from None
 
 
+# -- doctor -----------------------------------------------------------------------------------
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cairn.process.doctor import run_doctor  # only doctor needs it
+
+    report = run_doctor(preflight=args.preflight)
+    print(report.to_json() if args.json else report.format_text())
+    return EXIT_OK if report.ok else EXIT_NOT_READY
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
-               "5 fenced, 6 storage error, 130 interrupted.")
+               "5 fenced, 6 storage error, 7 host not ready (doctor), 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"cairn {cairn.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -348,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the store's grace (e.g. 1h); never shorter than your longest snapshot")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted")
     p.set_defaults(func=cmd_gc, create=False)
+
+    # doctor diagnoses the host, not a store: no STORE, so not made with command().
+    help_text = "Check this host for process mode: CRIU, kernel, capabilities, seccomp, GPUs, memory."
+    p = sub.add_parser("doctor", help=help_text, description=help_text)
+    p.add_argument("--preflight", action="store_true",
+                   help="treat what process mode cannot do without as failure (exit 7)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_doctor, store=None, verbose=False)
     return parser
 
 
@@ -357,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="cairn: %(message)s")
     try:
+        if args.store is None:  # a host command (doctor)
+            return args.func(args)
         with open_store(args.store, create=args.create) as store:
             return args.func(args, store)
     except KeyboardInterrupt:

@@ -227,6 +227,7 @@ def test_memory_cgroup_files() -> None:
     "mounts, expected",
     [(HYBRID_MOUNTS, CgroupVersion.HYBRID), (V2_MOUNTS, CgroupVersion.V2),
      (V1_MOUNTS, CgroupVersion.V1), ("proc /proc proc rw 0 0\n", CgroupVersion.NONE)],
+    ids=["hybrid", "v2", "v1", "none"],
 )
 def test_parse_cgroup_version(mounts: str, expected: CgroupVersion) -> None:
     assert parse_cgroup_version(mounts) is expected
