@@ -69,3 +69,11 @@ class Preempted(CairnError):
     def __init__(self, message: str, *, seq: int | None = None) -> None:
         super().__init__(message)
         self.seq = seq
+
+
+class PartsMissing(StoreError):
+    """A distributed snapshot cannot be committed yet: some ranks' parts are not there."""
+
+    def __init__(self, message: str, *, missing: list[int]) -> None:
+        super().__init__(message)
+        self.missing = missing

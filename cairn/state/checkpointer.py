@@ -47,6 +47,7 @@ from cairn.state.codec import (
     tensor_path,
     unflatten,
 )
+from cairn.state.distributed import Group
 from cairn.state.sidecar import SidecarWriter
 from cairn.state.staging import StagingBuffer, plan
 from cairn.state.triggers import (
@@ -112,28 +113,29 @@ def save_state(store_attempt: Any, tree: dict[str, Any], *, step: int) -> Manife
         return snap.commit(step=step)
 
 
-def load_state(store: Store, manifest: Manifest) -> dict[str, Any]:
-    """Read and verify a whole state snapshot into CPU memory. Raises CorruptSnapshot."""
+def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[str, Any]:
+    """Read and verify a whole state snapshot (``prefix``: one rank's part, ``rank-<r>/``)
+    into CPU memory. Raises CorruptSnapshot."""
     if manifest.mode is not SnapshotMode.STATE:
         raise CorruptSnapshot(f"seq {manifest.seq} is a {manifest.mode.value} snapshot, not "
                               "framework state", seq=manifest.seq)
     reader = store.reader(manifest)
     try:
-        doc = json.loads(reader.read_file(STATE_FILE))
+        doc = json.loads(reader.read_file(prefix + STATE_FILE))
         if doc.get("schema") != STATE_SCHEMA:
             raise CorruptSnapshot(f"state schema {doc.get('schema')!r} is unknown; upgrade cairn",
                                   seq=manifest.seq)
         headers = [ArrayHeader.from_json(h) for h in doc["arrays"]]
         structure = doc["structure"]
     except (KeyError, ValueError, TypeError) as e:
-        raise CorruptSnapshot(f"seq {manifest.seq}: state index is unreadable: {e}",
+        raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is unreadable: {e}",
                               seq=manifest.seq) from None
     arrays = []
     for index, header in enumerate(headers):
         try:
-            entry = manifest.file(tensor_path(index))
+            entry = manifest.file(prefix + tensor_path(index))
         except KeyError:
-            raise CorruptSnapshot(f"seq {manifest.seq}: {tensor_path(index)} is missing",
+            raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{tensor_path(index)} is missing",
                                   seq=manifest.seq) from None
         if entry.size != header.nbytes:
             raise CorruptSnapshot(f"seq {manifest.seq}: {entry.path} holds {entry.size} bytes, "
@@ -195,6 +197,7 @@ class Checkpointer:
         self.committed_seq: int | None = None
         self.committed_step: int | None = None
         self.skipped = 0  # snapshots skipped because the previous one was still persisting
+        self._group = Group()
 
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
@@ -235,18 +238,32 @@ class Checkpointer:
             scalers=capture.named(scaler, "scaler"),
             loader=loader,
         )
-        self._attempt = self.store.open_attempt(self.key, note={"mode": "state"})
+        self._group = Group.detect()
+        if self._group.active and self.persist_mode is not PersistMode.SIDECAR:
+            raise ConfigError("distributed training needs persist=PersistMode.SIDECAR")
+        if self._group.rank == 0:
+            self._attempt = self.store.open_attempt(self.key, note={"mode": "state"})
+            epoch = self._group.broadcast([self._attempt.epoch])[0]
+        else:
+            epoch = self._group.broadcast([0])[0]
+            self._attempt = self.store.join_attempt(self.key, epoch=epoch)
         self.mtbf_s = _observed_mtbf(self.store, self.key)
         if self._preemption is not None:
             self._notice = PreemptionNotice(self._preemption)
             if self._notice.install():
                 log.info("watching %s for preemption", signal_names(self._preemption.signals))
-        for info in self.store.snapshots(self.key):
+        snapshots = self.store.snapshots(self.key)
+        count = self._group.broadcast([len(snapshots)])[0]  # rank 0's view decides
+        for info in snapshots[:count]:
+            self._check_world_size(info.manifest)
+            prefix = f"rank-{self._group.rank}/" if self._group.active else ""
             try:
-                tree = load_state(self.store, info.manifest)
+                tree: dict[str, Any] | None = load_state(self.store, info.manifest, prefix=prefix)
             except CorruptSnapshot as e:
                 log.warning("key %s: skipping snapshot seq %d: %s", self.key, info.seq, e)
-                continue
+                tree = None
+            if not self._group.all_min([tree is not None])[0] or tree is None:
+                continue  # some rank's part did not verify: every rank tries the previous one
             capture.check_compatible(tree, self._targets)
             capture.apply(tree, self._targets)
             self.extras = dict(tree.get("extras") or {})
@@ -259,6 +276,14 @@ class Checkpointer:
             return self._last_step + 1
         self._start_writer()
         return 0
+
+    def _check_world_size(self, manifest: Manifest) -> None:
+        taken = int(manifest.metadata.get("world_size", 1))
+        if taken != self._group.world_size:
+            raise capture.StateMismatch(
+                f"snapshot seq {manifest.seq} was taken by {taken} ranks and this run has "
+                f"{self._group.world_size}; cairn does not reshard. Run with {taken} ranks, or "
+                f"start fresh by removing the key (cairn rm STORE {self.key})")
 
     def _start_writer(self) -> None:
         if self.persist_mode is not PersistMode.SIDECAR:
@@ -274,13 +299,16 @@ class Checkpointer:
         whether it did. Raises :class:`~cairn.exceptions.Fenced` if a newer attempt exists."""
         self._require_restored()
         self._collect()
-        if self._notice is not None and self._notice.pending:
-            self._final_snapshot(step)
-            return True
+        notice = self._notice is not None and self._notice.pending
         policy = self.policy
         interval = self.interval_seconds()
         due = (policy.every_steps is not None and (step + 1) % policy.every_steps == 0) or (
             interval is not None and time.monotonic() - self._last_time >= interval)
+        if self._group.active:  # every rank snapshots together, or none does
+            due, notice = (bool(v) for v in self._group.all_max([due, notice]))
+        if notice:
+            self._final_snapshot(step)
+            return True
         if due:
             self.save(step)
         return due
@@ -363,6 +391,13 @@ class Checkpointer:
         views = [cpu_bytes(a) for a in arrays]
         slots, total = plan([len(v) for v in views])
         ids = list(range(self._buffer_count))
+        part = None
+        if self._group.active:
+            # Ranks must agree on the seq, which rank 0 knows only once the last persist ended.
+            self._writer.wait_idle()
+            self._collect()
+            seq = self._group.broadcast([self._writer.last_seq + 1])[0]
+            part = {"seq": seq, "rank": self._group.rank, "world_size": self._group.world_size}
         free = next((b for b in ids if not self._writer.is_busy(b)), None)
         if free is None:
             if self.when_busy is WhenBusy.SKIP:
@@ -384,7 +419,7 @@ class Checkpointer:
         index = {"schema": STATE_SCHEMA, "step": step, "structure": structure,
                  "arrays": [header_of(a).to_json() for a in arrays]}
         self._writer.persist(free, step=step, index=index,
-                             slots=[(slot.offset, slot.nbytes) for slot in slots])
+                             slots=[(slot.offset, slot.nbytes) for slot in slots], part=part)
         return True
 
     def _record_cost(self, seconds: float) -> None:

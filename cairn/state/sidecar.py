@@ -110,9 +110,16 @@ def serve(sock: socket.socket) -> int:
                         for index, (offset, nbytes) in enumerate(message["slots"]):
                             snap.add_bytes(tensor_path(index), view[offset:offset + nbytes])
                         snap.add_bytes(STATE_FILE, json.dumps(message["index"]).encode())
-                        manifest = snap.commit(step=message["step"])
+                        part = message.get("part")
+                        if part is None:
+                            manifest = snap.commit(step=message["step"])
+                        else:
+                            manifest = snap.commit_part(seq=part["seq"], rank=part["rank"],
+                                                        step=message["step"])
                 finally:
                     view.release()
+                if part is not None and part["rank"] == 0:
+                    manifest = _commit_when_all_parts(attempt, part, message["step"])
                 _send(sock, {"op": "committed", "buffer": message["buffer"], "seq": manifest.seq,
                              "step": manifest.step, "bytes_written": manifest.bytes_written,
                              "seconds": time.monotonic() - started})
@@ -124,6 +131,23 @@ def serve(sock: socket.socket) -> int:
                          "fenced": isinstance(e, Fenced)})
     store.close()
     return 0
+
+
+PART_WAIT_SECONDS = 600.0
+
+
+def _commit_when_all_parts(attempt: Any, part: dict[str, int], step: int) -> Any:
+    """Rank 0's writer: wait for every rank's part of ``part["seq"]``, then commit the snap."""
+    from cairn.exceptions import PartsMissing
+
+    deadline = time.monotonic() + min(PART_WAIT_SECONDS, attempt.store.gc_grace_seconds / 4)
+    while True:
+        try:
+            return attempt.commit_parts(part["seq"], world_size=part["world_size"], step=step)
+        except PartsMissing:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,16 +293,25 @@ class SidecarWriter:
                                 timeout)
             return next((b for b in buffer_ids if b not in self._state.busy), None)
 
+    @property
+    def last_seq(self) -> int:
+        """The attempt's last seq as the writer last reported it."""
+        with self._cond:
+            return self._state.last_seq
+
     def persist(self, buffer_id: int, *, step: int, index: dict[str, Any],
-                slots: list[tuple[int, int]]) -> None:
-        """Ask the writer to persist what is staged in ``buffer_id``; returns at once."""
+                slots: list[tuple[int, int]], part: dict[str, int] | None = None) -> None:
+        """Ask the writer to persist what is staged in ``buffer_id``; returns at once.
+
+        ``part`` (``seq``, ``rank``, ``world_size``) makes it one rank's part of a distributed
+        snapshot; rank 0's writer then waits for every part and commits the snapshot."""
         self._ensure_running()
         with self._cond:
             self._state.busy.add(buffer_id)
             self._steps[buffer_id] = step
         assert self._sock is not None
         _send(self._sock, {"op": "persist", "buffer": buffer_id, "step": step, "index": index,
-                           "slots": [list(s) for s in slots]})
+                           "slots": [list(s) for s in slots], "part": part})
 
     def take_results(self) -> list[PersistResult]:
         """Reports that arrived since the last call (committed or failed snapshots)."""

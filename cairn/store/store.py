@@ -31,6 +31,7 @@ from cairn.exceptions import (
     Fenced,
     NoSnapshot,
     NotFound,
+    PartsMissing,
     SnapshotTooSlow,
     StoreError,
 )
@@ -504,7 +505,7 @@ class Attempt:
     def commit_parts(self, seq: int, *, world_size: int, step: int | None = None) -> Manifest:
         """Rank 0: once every rank's part of ``seq`` exists, create the one ``snap`` record.
 
-        Each rank's files appear under ``rank-<r>/``. Raises :class:`StoreError` naming the
+        Each rank's files appear under ``rank-<r>/``. Raises :class:`PartsMissing` naming the
         missing ranks when not all parts are there yet (wait at a barrier and call again), and
         :class:`Fenced` when another attempt took ``seq``.
         """
@@ -523,7 +524,8 @@ class Attempt:
                 parts[part[0]] = part[1]
         missing = [r for r in range(world_size) if r not in parts]
         if missing:
-            raise StoreError(f"key {self.key}: seq {seq} lacks parts from ranks {missing}")
+            raise PartsMissing(f"key {self.key}: seq {seq} lacks parts from ranks {missing}",
+                               missing=missing)
         files = tuple(
             FileEntry(f"rank-{rank}/{entry.path}", entry.size, entry.chunks, entry.mode)
             for rank in range(world_size) for entry in parts[rank].files

@@ -1,0 +1,73 @@
+"""Two DDP ranks under torchrun (gloo, CPU), killed and resumed: each rank persists its own
+part, rank 0 commits the snapshot only once every part is there, and the resumed run matches an
+uninterrupted one bit for bit. A different world size is refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cairn.store import Key, open_store
+
+REPO = Path(__file__).resolve().parents[3]
+KEY = "dag/ddp/run-1/0"
+TOTAL = 40
+
+
+def torchrun(store: Path, out: Path, *, nproc: int = 2) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+         "-m", "tests.support.ddp_training", str(store), KEY, str(out), "--total", str(TOTAL),
+         "--every", "5"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+
+
+def losses(text: str) -> dict[int, str]:
+    return {int(m[1]): m[2] for m in re.finditer(r"^loss (\d+) (\S+)$", text, re.M)}
+
+
+@pytest.mark.slow
+def test_two_ranks_killed_and_resumed(tmp_path: Path) -> None:
+    reference = torchrun(tmp_path / "ref-store", tmp_path / "ref.pt")
+    ref_out, ref_err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, ref_err[-2000:]
+    ref_losses = losses(ref_out)
+    assert sorted(ref_losses) == list(range(TOTAL))
+
+    victim = torchrun(tmp_path / "store", tmp_path / "victim.pt")
+    assert victim.stdout is not None
+    for line in victim.stdout:
+        if line.strip() == "committed 14":
+            os.killpg(victim.pid, signal.SIGKILL)  # torchrun and both ranks
+            break
+    victim.communicate(timeout=60)
+
+    store = open_store(str(tmp_path / "store"), create=False)
+    snaps = store.snapshots(Key.parse(KEY))
+    assert snaps and all(i.manifest.metadata["world_size"] == 2 for i in snaps)
+    assert all({f.path.split("/")[0] for f in i.manifest.files} == {"rank-0", "rank-1"} for i in snaps)
+    store.close()
+
+    resumed = torchrun(tmp_path / "store", tmp_path / "victim.pt")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    start = int(re.search(r"^start (\d+)$", out, re.M)[1])
+    assert start >= 15
+    after = losses(out)
+    assert after == {s: ref_losses[s] for s in range(start, TOTAL)}, "the resumed ranks diverged"
+    ref_weights = torch.load(tmp_path / "ref.pt", weights_only=True)
+    got_weights = torch.load(tmp_path / "victim.pt", weights_only=True)
+    assert all(torch.equal(ref_weights[k], got_weights[k]) for k in ref_weights)
+
+    single = torchrun(tmp_path / "store", tmp_path / "single.pt", nproc=1)
+    _, err = single.communicate(timeout=300)
+    assert single.returncode != 0
+    assert "taken by 2 ranks and this run has 1; cairn does not reshard" in err
