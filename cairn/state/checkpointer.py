@@ -388,8 +388,8 @@ class Checkpointer:
         """Copy the state into a free staging buffer and hand it to the writer process."""
         assert self._writer is not None
         structure, arrays = flatten(tree)
-        views = [cpu_bytes(a) for a in arrays]
-        slots, total = plan([len(v) for v in views])
+        headers = [header_of(a) for a in arrays]
+        slots, total = plan([h.nbytes for h in headers])
         ids = list(range(self._buffer_count))
         part = None
         if self._group.active:
@@ -414,10 +414,15 @@ class Checkpointer:
             buffer = StagingBuffer(total + total // 8)  # headroom for a state that grows
             self._buffers[free] = buffer
             self._writer.register_buffer(free, buffer.fd, buffer.capacity)
-        for slot, view in zip(slots, views):
-            buffer.write(slot, view)
+        on_device = []
+        for slot, array in zip(slots, arrays):
+            if getattr(array, "is_cuda", False):
+                on_device.append((slot, array))
+            else:
+                buffer.write(slot, cpu_bytes(array))
+        buffer.copy_tensors(on_device)
         index = {"schema": STATE_SCHEMA, "step": step, "structure": structure,
-                 "arrays": [header_of(a).to_json() for a in arrays]}
+                 "arrays": [h.to_json() for h in headers]}
         self._writer.persist(free, step=step, index=index,
                              slots=[(slot.offset, slot.nbytes) for slot in slots], part=part)
         return True
