@@ -1,0 +1,893 @@
+"""Snapshots of a training state: cairn's Checkpointer against torch.save and torch DCP.
+
+One state, one run. The state is a GPT-2-small-sized model built from ``torch.nn`` layers
+(token embedding 50257x768 tied to the output head, positions 1024x768, 12
+``nn.TransformerEncoderLayer(768, 12, 3072)`` blocks, final LayerNorm: 124.4 M parameters)
+with ``torch.optim.Adam(fused=True)`` after one real training step, so ``exp_avg`` and
+``exp_avg_sq`` exist: about 1.49 GB. The optimizer moments are then filled with random
+values, as after a long run (after one step the embedding rows of tokens never seen are all
+zero, and any dedup would skip them: that would flatter cairn's persist, not measure it).
+``--small`` builds a model about 12x smaller (vocabulary 8192, width 384, 4 blocks) for a quick
+smoke run. Every contender runs with the same ``torch.set_num_threads(--threads)`` (default 2;
+``OMP_NUM_THREADS`` is set to the same for the processes DCP spawns).
+
+What is measured:
+
+* **stall** and **time-to-durable** per snapshot. Stall is the time until training may
+  mutate the parameters again; durable is the time until the snapshot survives a crash,
+  both from the start of the call (state-dict gathering included on every side).
+
+  - ``cairn`` (``PersistMode.SIDECAR``, the default): stall = ``Checkpointer.save(step)``,
+    durable = until ``Checkpointer.wait()`` returns;
+  - ``cairn_inline`` (``PersistMode.INLINE``): ``save`` returns durable, stall = durable;
+  - ``torch_save``: ``torch.save({"model": ..., "optimizer": ...}, path)``, then ``fsync`` of
+    the file and its directory; synchronous, so stall = durable;
+  - ``dcp_save``: ``torch.distributed.checkpoint.save`` of ``get_state_dict(model, opt)`` to a
+    fresh ``FileSystemWriter`` directory (which fsyncs its files); stall = durable;
+  - ``dcp_async_*``: ``dcp.async_save`` of the same, durable = until its future (or
+    ``AsyncSaveResponse.upload_completion``) completes, stall = until it returns or, when it
+    returns an ``AsyncSaveResponse``, until ``staging_completion`` completes. Configurations
+    (from torch 2.13's source): ``default`` (thread executor, a fresh
+    ``DefaultStager(StagingOptions(False, False, False, False))`` per call, so new staging
+    memory every time); ``thread_cached`` (a reused ``DefaultStager``, whose cached staging
+    storages are only copied into after the first call); ``process_shm`` (a reused
+    ``DefaultStager(StagingOptions(use_shared_memory=True))`` and
+    ``async_checkpointer_type=PROCESS``, so a separate process persists from shared memory);
+    ``process_shm_async`` (the same with ``use_async_staging=True``). The best of them by
+    median stall is ``dcp_best``.
+
+  The first snapshot of each contender is reported separately (cairn allocates and
+  pre-faults its staging buffer and starts its writer process then; DCP allocates its
+  staging storages and, with PROCESS, spawns its process). Then ``--runs`` snapshots each,
+  rotating the contenders' order every round; before each snapshot every tensor of the state
+  is changed (multiplied by 1 + 1e-6, Adam's step counters incremented) so that nothing can be
+  deduplicated against the previous snapshot, and the page cache is synced and dropped. Each
+  snapshot is durable before the next one starts. Median and p95 (linear interpolation) over
+  the runs.
+* **memcpy floor**: the state's bytes over the bandwidth of copying every tensor's bytes,
+  single-threaded (``mmap`` slice assignment, as cairn does), into a pre-faulted memfd
+  buffer (:class:`cairn.state.staging.StagingBuffer`); median of ``--runs`` copies.
+* **restore**, cold page cache before every side: cairn's verified restore (a fresh model and
+  optimizer, ``Checkpointer(store=..., key=...).restore(model=, optimizer=)``, which checks
+  every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both, and
+  ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. All three restore the same state
+  (saved last, unchanged) and are checked against the live model and optimizer.
+* **bytes written** for a fine-tune with >= 90% of the parameters (by element count) frozen
+  (``requires_grad=False``, Adam over the rest): snapshot, one training step, snapshot; the
+  second snapshot's ``Manifest.bytes_written`` against the floor: the bytes of the tensors
+  (model, optimizer, torch and numpy RNG states) that changed between the two snapshots.
+* **step time**: training steps (batch ``--batch`` x ``--seq`` tokens) with no persist
+  against steps taken while the writer process persists a snapshot (the steps that start
+  before the persist is done), and the amortized cost: ``--amortize-steps`` steps with a
+  snapshot every ``--snapshot-every`` steps (``Checkpointer.step`` with
+  ``SnapshotPolicy(every_steps=...)``) against the same number of steps without, run in
+  alternating blocks of ``--snapshot-every`` steps with the snapshot in the middle of each
+  block so that its persist overlaps training. The Checkpointer is warm (its buffer and writer
+  exist), as in a long run.
+
+All files live in one fresh directory (``--dir``, default a temp dir under /var/tmp), removed
+at the end; cairn stores use ``StoreSettings(keep_last=1)`` and are garbage-collected between
+snapshots (untimed) to bound disk use. Dropping the page cache needs root; otherwise the
+restore figures are marked warm-cache. GB is 10**9 bytes. The last line printed is one JSON
+object with every figure, including ``stall_vs_memcpy``, ``stall_vs_dcp_best``,
+``restore_vs_torch_load``, ``frozen90_vs_floor`` and ``amortized_slowdown``, and the targets.
+The load average at start and end is recorded: on a shared machine other work skews timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from cairn.state.checkpointer import Checkpointer, PersistMode, SnapshotPolicy
+from cairn.state.staging import StagingBuffer, plan
+from cairn.store import Key, Store, StoreSettings, open_store
+
+KEY = Key.parse("bench/state/run")
+TARGETS = {"stall_vs_memcpy": 1.5, "stall_vs_dcp_best": 1.0, "restore_vs_torch_load": 1.0,
+           "frozen90_vs_floor": 1.1, "amortized_slowdown": 1.10}
+
+
+# -- the model and its training ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 50257
+    context: int = 1024
+    width: int = 768
+    layers: int = 12
+    heads: int = 12
+    hidden: int = 3072
+
+
+FULL = ModelConfig()
+SMALL = ModelConfig(vocab=8192, context=256, width=384, layers=4, heads=6, hidden=1536)
+
+
+class GPT(nn.Module):
+    """GPT-2-shaped: embeddings, pre-norm transformer blocks, final LayerNorm, tied head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab, cfg.width)
+        self.wpe = nn.Embedding(cfg.context, cfg.width)
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(cfg.width, cfg.heads, cfg.hidden, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(cfg.layers)])
+        self.ln_f = nn.LayerNorm(cfg.width)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        length = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(length))
+        mask = nn.Transformer.generate_square_subsequent_mask(length)
+        for block in self.blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        return nn.functional.linear(self.ln_f(x), self.wte.weight)
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4,
+                            fused=True)
+
+
+class Trainer:
+    def __init__(self, model: GPT, opt: torch.optim.Optimizer, cfg: ModelConfig, batch: int,
+                 seq: int) -> None:
+        self.model, self.opt, self.cfg, self.batch, self.seq = model, opt, cfg, batch, seq
+
+    def step(self) -> None:
+        idx = torch.randint(0, self.cfg.vocab, (self.batch, self.seq + 1))
+        logits = self.model(idx[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, self.cfg.vocab),
+                                           idx[:, 1:].reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def timed_step(self) -> float:
+        start = time.perf_counter()
+        self.step()
+        return time.perf_counter() - start
+
+
+def densify(opt: torch.optim.Optimizer) -> None:
+    """Give every moment realistic non-zero values, as after many steps."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for state in opt.state.values():
+            state["exp_avg"].normal_(0.0, 1e-3, generator=gen)
+            state["exp_avg_sq"].uniform_(1e-8, 1e-6, generator=gen)
+
+
+def state_tensors(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out = list(model.state_dict().values())
+    for state in opt.state.values():
+        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def perturb(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Change every byte-chunk of the state (in place), like a training step but cheaper."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + 1e-6)
+        for state in opt.state.values():
+            for name, value in state.items():
+                if name == "step":
+                    value.add_(1)
+                elif isinstance(value, torch.Tensor):
+                    value.mul_(1 + 1e-6)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                       b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    flat = t.detach().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+# -- environment ------------------------------------------------------------------------------
+
+
+def drop_caches() -> bool:
+    """``sync`` then drop the page cache; False when not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def fsync_path(path: str, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+@contextlib.contextmanager
+def stderr_to(path: str) -> Iterator[None]:
+    """Route fd 2 to ``path`` (a process spawned meanwhile keeps it: DCP's logs INFO lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95))
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# -- snapshot contenders ----------------------------------------------------------------------
+
+
+class Contender:
+    """One way to snapshot; ``snapshot`` returns (stall seconds, durable seconds)."""
+
+    name = ""
+
+    def snapshot(self, step: int) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def after(self) -> None:
+        """Untimed cleanup after a durable snapshot."""
+
+    def close(self) -> None:
+        pass
+
+
+class CairnContender(Contender):
+    def __init__(self, name: str, root: str, model: nn.Module, opt: torch.optim.Optimizer,
+                 mode: PersistMode) -> None:
+        self.name = name
+        self.path = os.path.join(root, name)
+        self.store: Store = open_store(self.path, settings=StoreSettings(keep_last=1))
+        self.ckpt = Checkpointer(store=self.store, key=KEY, every_steps=10**9, preemption=None,
+                                 persist=mode)
+        if self.ckpt.restore(model=model, optimizer=opt) != 0:
+            raise AssertionError("fresh store should have no snapshot")
+
+    def snapshot(self, step: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        self.ckpt.save(step)
+        staged = time.perf_counter()
+        if not self.ckpt.wait():
+            raise AssertionError("wait() timed out")
+        durable = time.perf_counter()
+        if self.ckpt.committed_step != step:
+            raise AssertionError(f"{self.name}: step {step} was not committed")
+        return staged - start, durable - start
+
+    def after(self) -> None:
+        self.store.gc(grace_seconds=0)
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.store.close()
+
+
+class TorchSaveContender(Contender):
+    name = "torch_save"
+
+    def __init__(self, root: str, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.dir = os.path.join(root, self.name)
+        os.makedirs(self.dir)
+        self.model, self.opt = model, opt
+        self.last: str | None = None
+
+    def save_to(self, path: str) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}, path)
+        fsync_path(path)
+        fsync_path(os.path.dirname(path), directory=True)
+
+    def snapshot(self, step: int) -> tuple[float, float]:
+        path = os.path.join(self.dir, f"step-{step}.pt")
+        start = time.perf_counter()
+        self.save_to(path)
+        seconds = time.perf_counter() - start
+        if self.last is not None:
+            remove(self.last)
+        self.last = path
+        return seconds, seconds
+
+
+def dcp_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optim": osd}
+
+
+class DcpContender(Contender):
+    """``dcp.save`` (``config=None``) or ``dcp.async_save`` in one configuration."""
+
+    def __init__(self, name: str, root: str, model: nn.Module, opt: torch.optim.Optimizer, *,
+                 asynchronous: bool, process: bool = False,
+                 stager_options: StagingOptions | None = None) -> None:
+        self.name = name
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir)
+        self.root = root
+        self.model, self.opt = model, opt
+        self.asynchronous, self.process = asynchronous, process
+        self.stager = DefaultStager(stager_options) if stager_options is not None else None
+        self.last: str | None = None
+        self.count = 0
+
+    def snapshot(self, step: int) -> tuple[float, float]:
+        path = os.path.join(self.dir, f"step-{step}")
+        guard = stderr_to(os.path.join(self.root, "dcp-process.log")) \
+            if self.process and self.count == 0 else contextlib.nullcontext()
+        self.count += 1
+        with guard:
+            start = time.perf_counter()
+            if not self.asynchronous:
+                dcp.save(dcp_state(self.model, self.opt), checkpoint_id=path, no_dist=True)
+                staged = durable = time.perf_counter()
+            else:
+                kwargs: dict[str, Any] = {}
+                if self.process:
+                    kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
+                if self.stager is not None:
+                    kwargs["async_stager"] = self.stager
+                result = dcp.async_save(dcp_state(self.model, self.opt), checkpoint_id=path,
+                                        no_dist=True, **kwargs)
+                if isinstance(result, AsyncSaveResponse):
+                    result.staging_completion.result()
+                    staged = time.perf_counter()
+                    result.upload_completion.result()
+                else:
+                    staged = time.perf_counter()
+                    result.result()
+                durable = time.perf_counter()
+        if self.last is not None:
+            remove(self.last)
+        self.last = path
+        return staged - start, durable - start
+
+    def close(self) -> None:
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
+
+
+def stop_dcp_process() -> None:
+    """Terminate the process DCP's PROCESS executor keeps (its __del__ sends TERMINATE)."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    if executor._CHECKPOINT_PROCESS is not None:
+        executor._CHECKPOINT_PROCESS = None
+        gc.collect()
+
+
+# -- the measurements -------------------------------------------------------------------------
+
+
+def memcpy_floor(tensors: list[torch.Tensor], runs: int) -> list[float]:
+    views = [byte_view(t) for t in tensors]
+    slots, total = plan([len(v) for v in views])
+    buffer = StagingBuffer(total)
+    times = []
+    try:
+        for _ in range(runs + 1):  # the first copy is a warm-up
+            start = time.perf_counter()
+            for slot, view in zip(slots, views):
+                buffer.map[slot.offset:slot.offset + slot.nbytes] = view
+            times.append(time.perf_counter() - start)
+    finally:
+        del views
+        buffer.close()
+    return times[1:]
+
+
+def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.optim.Optimizer,
+                    runs: int, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {c.name: {"stall": [], "durable": []}
+                                          for c in contenders}
+    step = 0
+    for round_ in range(runs + 1):
+        shift = round_ % len(contenders)
+        for contender in contenders[shift:] + contenders[:shift]:
+            perturb(model, opt)
+            drop_caches()
+            stall, durable = contender.snapshot(step)
+            step += 1
+            contender.after()
+            gc.collect()
+            r = results[contender.name]
+            if round_ == 0:
+                r["first_stall"], r["first_durable"] = stall, durable
+            else:
+                r["stall"].append(stall)
+                r["durable"].append(durable)
+            log(f"  {'first' if round_ == 0 else f'run {round_}'} {contender.name}: "
+                f"stall {stall:.3f}s durable {durable:.3f}s")
+    return results
+
+
+def check_restored(model: nn.Module, opt: torch.optim.Optimizer, live: nn.Module,
+                   live_opt: torch.optim.Optimizer, side: str) -> None:
+    for (name, a), b in zip(model.state_dict().items(), live.state_dict().values()):
+        if not torch.equal(a, b):
+            raise AssertionError(f"{side}: restored {name} differs from the saved state")
+    restored = list(opt.state.values())
+    saved = list(live_opt.state.values())
+    if len(restored) != len(saved):
+        raise AssertionError(f"{side}: optimizer state has {len(restored)} entries, "
+                             f"expected {len(saved)}")
+    for r, s in zip(restored, saved):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            if not torch.equal(r[key], s[key]):
+                raise AssertionError(f"{side}: restored optimizer {key} differs")
+
+
+def restore_rounds(sources: dict[str, str], cfg: ModelConfig, live: nn.Module,
+                   live_opt: torch.optim.Optimizer, runs: int,
+                   log: Callable[[str], None]) -> tuple[dict[str, list[float]], bool]:
+    target = GPT(cfg)
+    cold = True
+
+    def cairn_side(opt: torch.optim.Optimizer) -> None:
+        ckpt = Checkpointer(store=sources["cairn"], key=KEY, every_steps=10**9, preemption=None)
+        try:
+            ckpt.restore(model=target, optimizer=opt)
+        finally:
+            ckpt.close()
+
+    def torch_side(opt: torch.optim.Optimizer) -> None:
+        state = torch.load(sources["torch_load"], weights_only=True)
+        target.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+
+    def dcp_side(opt: torch.optim.Optimizer) -> None:
+        state = dcp_state(target, opt)
+        dcp.load(state, checkpoint_id=sources["dcp_load"], no_dist=True)
+        set_state_dict(target, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
+    sides: list[tuple[str, Callable[[torch.optim.Optimizer], None]]] = [
+        ("cairn", cairn_side), ("torch_load", torch_side), ("dcp_load", dcp_side)]
+    times: dict[str, list[float]] = {name: [] for name, _ in sides}
+    for run in range(runs):
+        shift = run % len(sides)
+        for name, fn in sides[shift:] + sides[:shift]:
+            with torch.no_grad():
+                for p in target.parameters():
+                    p.mul_(1.5)  # so that a restore that loads nothing fails the check
+            opt = make_optimizer(target)
+            gc.collect()
+            if not drop_caches():
+                cold = False
+            start = time.perf_counter()
+            fn(opt)
+            seconds = time.perf_counter() - start
+            check_restored(target, opt, live, live_opt, name)
+            times[name].append(seconds)
+            log(f"  run {run + 1} restore {name}: {seconds:.3f}s")
+            del opt
+            gc.collect()
+    return times, cold
+
+
+def frozen_bytes(cfg: ModelConfig, args: argparse.Namespace, root: str) -> dict[str, Any]:
+    torch.manual_seed(2)
+    model = GPT(cfg)
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    # Train the top of the network (the last k parameter tensors), freeze the rest, with k
+    # chosen so that the frozen share of the elements is as close to 90% as tensor sizes allow.
+    trainable, best_k, best_gap = 0, 0, 1.0
+    for k in range(len(params) + 1):
+        if k:
+            trainable += params[-k].numel()
+        gap = abs((total - trainable) / total - 0.9)
+        if gap < best_gap:
+            best_k, best_gap = k, gap
+    for p in params[:len(params) - best_k]:
+        p.requires_grad_(False)
+    frozen = sum(p.numel() for p in params if not p.requires_grad)
+    opt = make_optimizer(model)
+    trainer = Trainer(model, opt, cfg, args.batch, args.seq)
+    trainer.step()
+    densify(opt)
+    path = os.path.join(root, "frozen90")
+    ckpt = Checkpointer(store=path, key=KEY, every_steps=10**9, preemption=None)
+
+    def named_state() -> dict[str, torch.Tensor]:
+        out = {f"model/{k}": v.detach().clone() for k, v in model.state_dict().items()}
+        for index, state in opt.state_dict()["state"].items():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    out[f"optim/{index}/{k}"] = v.detach().clone()
+        out["rng/torch"] = torch.get_rng_state().clone()
+        out["rng/numpy"] = torch.from_numpy(np.random.get_state()[1].copy())
+        return out
+
+    try:
+        ckpt.restore(model=model, optimizer=opt)
+        before = named_state()
+        first = ckpt.save(0, wait=True)
+        trainer.step()
+        after = named_state()
+        second = ckpt.save(1, wait=True)
+    finally:
+        ckpt.close()
+    if first is None or second is None:
+        raise AssertionError("frozen snapshots did not commit")
+    changed = 0
+    for name, tensor in after.items():
+        old = before.get(name)
+        if old is None or not same_bytes(old, tensor):
+            changed += tensor.numel() * tensor.element_size()
+    state_bytes = sum(t.numel() * t.element_size() for t in after.values())
+    return {"frozen_fraction": round(frozen / total, 4), "params": total,
+            "state_bytes": state_bytes, "first_bytes_written": first.bytes_written,
+            "bytes_written": second.bytes_written, "floor_bytes": changed,
+            "frozen90_vs_floor": round(second.bytes_written / changed, 4)}
+
+
+def persist_step_slowdown(ckpt: Checkpointer, trainer: Trainer, runs: int, base_steps: int,
+                          step0: int, log: Callable[[str], None]) -> dict[str, Any]:
+    base: list[float] = []
+    during: list[float] = []
+    windows: list[float] = []
+    step = step0
+    for run in range(runs):
+        order = ("base", "persist") if run % 2 == 0 else ("persist", "base")
+        for side in order:
+            if side == "base":
+                base += [trainer.timed_step() for _ in range(base_steps)]
+                continue
+            ckpt.save(step)
+            step += 1
+            started = time.perf_counter()
+            count = 0
+            while not ckpt.wait(timeout=0):
+                during.append(trainer.timed_step())
+                count += 1
+            windows.append(time.perf_counter() - started)
+            log(f"  run {run + 1}: {count} steps overlapped a persist of at most "
+                f"{windows[-1]:.2f}s")
+    mean_base = statistics.fmean(base)
+    mean_during = statistics.fmean(during) if during else float("nan")
+    return {"step_s": round(mean_base, 4), "step_during_persist_s": round(mean_during, 4),
+            "persist_step_slowdown": round(mean_during / mean_base, 4),
+            "steps_base": len(base), "steps_during_persist": len(during),
+            "persist_windows_s": [round(w, 3) for w in windows]}
+
+
+def amortized(ckpt: Checkpointer, trainer: Trainer, total_steps: int, every: int,
+              first_step: int, log: Callable[[str], None]) -> dict[str, Any]:
+    ckpt.policy = SnapshotPolicy(every_steps=every, every_seconds=None)
+    blocks = math.ceil(total_steps / every)
+    with_s = without_s = 0.0
+    snapshots = 0
+    unfinished = 0
+    offset = every // 2  # so that (step + 1) % every == 0 falls in the middle of a block
+    step = math.ceil(first_step / every) * every + offset
+    for block in range(blocks):
+        n = min(every, total_steps - block * every)
+        order = ("without", "with") if block % 2 == 0 else ("with", "without")
+        for side in order:
+            start = time.perf_counter()
+            if side == "without":
+                for _ in range(n):
+                    trainer.step()
+                without_s += time.perf_counter() - start
+            else:
+                for _ in range(n):
+                    trainer.step()
+                    snapshots += ckpt.step(step)
+                    step += 1
+                with_s += time.perf_counter() - start
+                if not ckpt.wait(timeout=0):
+                    unfinished += 1
+                    ckpt.wait()
+        log(f"  block {block + 1}/{blocks}: with {with_s:.1f}s without {without_s:.1f}s")
+    return {"steps": total_steps, "snapshot_every": every, "snapshots": snapshots,
+            "with_s": round(with_s, 3), "without_s": round(without_s, 3),
+            "persists_unfinished_at_block_end": unfinished,
+            "amortized_slowdown": round(with_s / without_s, 4)}
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true",
+                        help="a ~12x smaller model, for a quick smoke run")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="timed snapshots per contender, and restores per side (default 5)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch.set_num_threads for every contender (default 2)")
+    parser.add_argument("--dir", default=None,
+                        help="parent directory for the bench files (default: a temp dir "
+                             "under /var/tmp); a fresh subdirectory is made and removed")
+    parser.add_argument("--batch", type=int, default=1, help="training batch (default 1)")
+    parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
+    parser.add_argument("--step-samples", type=int, default=3,
+                        help="steps per baseline block of the persist slowdown (default 3)")
+    parser.add_argument("--amortize-steps", type=int, default=100,
+                        help="steps per side of the amortized comparison (default 100)")
+    parser.add_argument("--snapshot-every", type=int, default=50,
+                        help="snapshot interval in steps for the amortized comparison")
+    parser.add_argument("--no-dcp-process", action="store_true",
+                        help="skip the dcp_async configurations with a PROCESS executor")
+    parser.add_argument("--skip-steps", action="store_true",
+                        help="skip the step-time measurements")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.threads < 1 or args.snapshot_every < 2:
+        parser.error("--runs and --threads must be >= 1, --snapshot-every >= 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    torch.set_num_threads(args.threads)
+    cfg = SMALL if args.small else FULL
+    load_start = loadavg()
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    model = GPT(cfg)
+    opt = make_optimizer(model)
+    trainer = Trainer(model, opt, cfg, args.batch, args.seq)
+    trainer.step()
+    densify(opt)
+    tensors = state_tensors(model, opt)
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    params = sum(p.numel() for p in model.parameters())
+
+    parent = args.dir or "/var/tmp"
+    os.makedirs(parent, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    need = 7 * state_bytes + (256 << 20)
+    if free < need:
+        print(f"not enough free space in {parent}: {free / 1e9:.1f} GB free, "
+              f"{need / 1e9:.1f} GB needed", file=sys.stderr)
+        return 2
+    root = tempfile.mkdtemp(prefix="cairn-state-bench-", dir=parent)
+    log(f"state: {params / 1e6:.1f} M parameters, {state_bytes / 1e9:.3f} GB "
+        f"({len(tensors)} tensors); threads {args.threads}; runs {args.runs}; dir {root}; "
+        f"load {load_start}")
+
+    if not args.no_dcp_process:
+        # DCP's PROCESS executor needs a default process group (it broadcasts the address of
+        # its worker's store); one rank, in-process store. Every dcp call passes no_dist=True.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    out: dict[str, Any] = {}
+    contenders: list[Contender] = []
+    try:
+        # memcpy floor
+        memcpy = memcpy_floor(tensors, args.runs)
+        memcpy_s = statistics.median(memcpy)
+        log(f"memcpy floor: {memcpy_s:.3f}s ({state_bytes / memcpy_s / 1e9:.2f} GB/s)")
+
+        # stall and time-to-durable
+        contenders = [
+            CairnContender("cairn", root, model, opt, PersistMode.SIDECAR),
+            CairnContender("cairn_inline", root, model, opt, PersistMode.INLINE),
+            TorchSaveContender(root, model, opt),
+            DcpContender("dcp_save", root, model, opt, asynchronous=False),
+            DcpContender("dcp_async_default", root, model, opt, asynchronous=True),
+            DcpContender("dcp_async_thread_cached", root, model, opt, asynchronous=True,
+                         stager_options=StagingOptions(False, False, False, False)),
+        ]
+        if not args.no_dcp_process:
+            contenders += [
+                DcpContender("dcp_async_process_shm", root, model, opt, asynchronous=True,
+                             process=True,
+                             stager_options=StagingOptions(False, True, False, False)),
+                DcpContender("dcp_async_process_shm_async", root, model, opt,
+                             asynchronous=True, process=True,
+                             stager_options=StagingOptions(False, True, True, False)),
+            ]
+        log("snapshots:")
+        snaps = snapshot_rounds(contenders, model, opt, args.runs, log)
+
+        # the same state saved by the three restore sources (a store of its own for cairn:
+        # a restore opens a new attempt, which fences the writer of the store it reads)
+        cairn, saver = contenders[0], contenders[2]
+        assert isinstance(cairn, CairnContender) and isinstance(saver, TorchSaveContender)
+        for c in contenders[1:]:
+            c.close()
+        stop_dcp_process()
+        contenders = [cairn]
+        gc.collect()
+        source = CairnContender("cairn_restore_source", root, model, opt, PersistMode.SIDECAR)
+        try:
+            source.ckpt.save(0, wait=True)
+        finally:
+            source.close()
+        torch_path = os.path.join(root, "restore.pt")
+        saver.save_to(torch_path)
+        dcp_path = os.path.join(root, "restore-dcp")
+        dcp.save(dcp_state(model, opt), checkpoint_id=dcp_path, no_dist=True)
+        gc.collect()
+        log("restore (page cache dropped before each):")
+        restores, cold = restore_rounds(
+            {"cairn": source.path, "torch_load": torch_path, "dcp_load": dcp_path}, cfg,
+            model, opt, args.runs, log)
+        remove(torch_path)
+        remove(dcp_path)
+
+        steps: dict[str, Any] = {}
+        if not args.skip_steps:
+            log("step time while persisting:")
+            trainer.step()  # warm
+            step = 10**6
+            steps["persist"] = persist_step_slowdown(cairn.ckpt, trainer,
+                                                     max(1, args.runs // 2 + 1),
+                                                     args.step_samples, step, log)
+            log("amortized:")
+            steps["amortized"] = amortized(cairn.ckpt, trainer, args.amortize_steps,
+                                           args.snapshot_every, 2 * step, log)
+        cairn.close()
+        contenders = []
+        del tensors
+        gc.collect()
+
+        log("frozen 90% fine-tune:")
+        frozen = frozen_bytes(cfg, args, root)
+    finally:
+        for c in contenders:
+            with contextlib.suppress(Exception):
+                c.close()
+        stop_dcp_process()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(root, ignore_errors=True)
+
+    # -- summary --------------------------------------------------------------------------
+    summary: dict[str, dict[str, Any]] = {}
+    for name, r in snaps.items():
+        summary[name] = {
+            "first_stall_s": round(r["first_stall"], 4),
+            "first_durable_s": round(r["first_durable"], 4),
+            "stall_median_s": round(statistics.median(r["stall"]), 4),
+            "stall_p95_s": round(p95(r["stall"]), 4),
+            "durable_median_s": round(statistics.median(r["durable"]), 4),
+            "durable_p95_s": round(p95(r["durable"]), 4),
+            "stall_runs_s": [round(x, 4) for x in r["stall"]],
+            "durable_runs_s": [round(x, 4) for x in r["durable"]],
+        }
+    async_names = [n for n in summary if n.startswith("dcp_async")]
+    dcp_best = min(async_names, key=lambda n: summary[n]["stall_median_s"])
+    cairn_stall = summary["cairn"]["stall_median_s"]
+    restore_med = {k: statistics.median(v) for k, v in restores.items()}
+
+    print()
+    print(f"state {state_bytes / 1e9:.3f} GB ({params / 1e6:.1f} M parameters + Adam), "
+          f"threads {args.threads}, {args.runs} runs; seconds")
+    header = (f"{'snapshot':<30} {'1st stall':>9} {'stall med':>9} {'stall p95':>9} "
+              f"{'1st dur.':>9} {'dur. med':>9} {'dur. p95':>9}")
+    print(header)
+    print("-" * len(header))
+    print(f"{'memcpy floor (1 thread)':<30} {'':>9} {memcpy_s:>9.3f} {p95(memcpy):>9.3f}"
+          f"   {state_bytes / memcpy_s / 1e9:.2f} GB/s")
+    for name, s in summary.items():
+        mark = " *" if name == dcp_best else ""
+        print(f"{name + mark:<30} {s['first_stall_s']:>9.3f} {s['stall_median_s']:>9.3f} "
+              f"{s['stall_p95_s']:>9.3f} {s['first_durable_s']:>9.3f} "
+              f"{s['durable_median_s']:>9.3f} {s['durable_p95_s']:>9.3f}")
+    print(f"(* dcp_best: the async configuration with the lowest median stall)")
+    print()
+    label = "restore" + ("" if cold else " [WARM CACHE: could not drop it]")
+    print(f"{label:<30} {'median':>9} {'runs':>30}")
+    for name, values in restores.items():
+        print(f"{name:<30} {restore_med[name]:>9.3f}   "
+              f"{' '.join(f'{v:.3f}' for v in values)}")
+    print()
+    print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
+          f"{frozen['bytes_written'] / 1e6:.1f} MB; changed tensors {frozen['floor_bytes'] / 1e6:.1f}"
+          f" MB (state {frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
+          f"{frozen['first_bytes_written'] / 1e6:.1f} MB)")
+    if steps:
+        ps, am = steps["persist"], steps["amortized"]
+        print(f"step {ps['step_s']:.3f}s; while persisting {ps['step_during_persist_s']:.3f}s "
+              f"(x{ps['persist_step_slowdown']:.2f}, {ps['steps_during_persist']} steps)")
+        print(f"{am['steps']} steps, snapshot every {am['snapshot_every']}: with "
+              f"{am['with_s']:.1f}s, without {am['without_s']:.1f}s "
+              f"(x{am['amortized_slowdown']:.3f})")
+    figures = {
+        "stall_vs_memcpy": round(cairn_stall / memcpy_s, 4),
+        "stall_vs_dcp_best": round(cairn_stall / summary[dcp_best]["stall_median_s"], 4),
+        "restore_vs_torch_load": round(restore_med["cairn"] / restore_med["torch_load"], 4),
+        "frozen90_vs_floor": frozen["frozen90_vs_floor"],
+        "amortized_slowdown": steps["amortized"]["amortized_slowdown"] if steps else None,
+    }
+    targets = {k: {"value": v, "target": TARGETS[k], "met": v is not None and v <= TARGETS[k]}
+               for k, v in figures.items()}
+    print()
+    print(f"{'target':<24} {'value':>8} {'<=':>6}  met")
+    for k, t in targets.items():
+        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"{k:<24} {value:>8} {t['target']:>6.2f}  {'yes' if t['met'] else 'NO'}")
+    print()
+    out.update(figures)
+    out.update({
+        "restore_vs_dcp_load": round(restore_med["cairn"] / restore_med["dcp_load"], 4),
+        "dcp_best": dcp_best,
+        "targets": targets,
+        "state_bytes": state_bytes,
+        "params": params,
+        "small": args.small,
+        "threads": args.threads,
+        "runs": args.runs,
+        "batch": args.batch,
+        "seq": args.seq,
+        "cold_cache": cold,
+        "memcpy": {"median_s": round(memcpy_s, 4), "gbps": round(state_bytes / memcpy_s / 1e9, 3),
+                   "runs_s": [round(x, 4) for x in memcpy]},
+        "snapshots": summary,
+        "restore": {k: {"median_s": round(restore_med[k], 4),
+                        "runs_s": [round(x, 4) for x in v]} for k, v in restores.items()},
+        "frozen90": frozen,
+        "steps": steps,
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+    })
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
