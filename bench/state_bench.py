@@ -347,7 +347,7 @@ def dcp_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 class DcpContender(Contender):
-    """``dcp.save`` (``config=None``) or ``dcp.async_save`` in one configuration."""
+    """``dcp.save`` (``asynchronous=False``) or ``dcp.async_save`` in one configuration."""
 
     def __init__(self, name: str, root: str, model: nn.Module, opt: torch.optim.Optimizer, *,
                  asynchronous: bool, process: bool = False,
@@ -828,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name + mark:<30} {s['first_stall_s']:>9.3f} {s['stall_median_s']:>9.3f} "
               f"{s['stall_p95_s']:>9.3f} {s['first_durable_s']:>9.3f} "
               f"{s['durable_median_s']:>9.3f} {s['durable_p95_s']:>9.3f}")
-    print(f"(* dcp_best: the async configuration with the lowest median stall)")
+    print("(* dcp_best: the async configuration with the lowest median stall)")
     print()
     label = "restore" + ("" if cold else " [WARM CACHE: could not drop it]")
     print(f"{label:<30} {'median':>9} {'runs':>30}")
@@ -837,8 +837,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(f'{v:.3f}' for v in values)}")
     print()
     print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
-          f"{frozen['bytes_written'] / 1e6:.1f} MB; changed tensors {frozen['floor_bytes'] / 1e6:.1f}"
-          f" MB (state {frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
+          f"{frozen['bytes_written'] / 1e6:.1f} MB; changed tensors "
+          f"{frozen['floor_bytes'] / 1e6:.1f} MB (state {frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
           f"{frozen['first_bytes_written'] / 1e6:.1f} MB)")
     if steps:
         ps, am = steps["persist"], steps["amortized"]
