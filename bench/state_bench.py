@@ -104,6 +104,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from cairn.state.checkpointer import Checkpointer, PersistMode, SnapshotPolicy
 from cairn.state.staging import StagingBuffer, plan
 from cairn.store import Key, Store, StoreSettings, open_store
+from store_bench import drop_caches  # bench/ is on sys.path when run as a script
 
 KEY = Key.parse("bench/state/run")
 TARGETS = {"stall_vs_memcpy": 1.5, "stall_vs_dcp_best": 1.0, "restore_vs_torch_load": 1.0,
@@ -216,17 +217,6 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 # -- environment ------------------------------------------------------------------------------
-
-
-def drop_caches() -> bool:
-    """``sync`` then drop the page cache; False when not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def fsync_path(path: str, *, directory: bool = False) -> None:

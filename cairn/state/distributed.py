@@ -43,15 +43,14 @@ class Group:
         return [int(v) for v in tensor.tolist()]
 
     def all_max(self, values: list[int]) -> list[int]:
-        if not self.active:
-            return values
-        tensor = self._tensor(values)
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-        return [int(v) for v in tensor.tolist()]
+        return self._all_reduce(values, torch.distributed.ReduceOp.MAX)
 
     def all_min(self, values: list[int]) -> list[int]:
+        return self._all_reduce(values, torch.distributed.ReduceOp.MIN)
+
+    def _all_reduce(self, values: list[int], op: Any) -> list[int]:
         if not self.active:
             return values
         tensor = self._tensor(values)
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN)
+        torch.distributed.all_reduce(tensor, op=op)
         return [int(v) for v in tensor.tolist()]

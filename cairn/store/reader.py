@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError, CorruptSnapshot, NotFound
 from cairn.store.backend import Backend
+from cairn.store.fileops import OsFileOps
 from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
 
 MAX_READ_BYTES = 4 << 20
+_OS = OsFileOps()
 
 
 @dataclass(frozen=True)
@@ -168,19 +170,11 @@ class SnapshotReader:
                         os.fchmod(out.fileno(), entry.mode)
                     os.fsync(out.fileno())
             for directory in sorted(directories, key=len, reverse=True):
-                _fsync_dir(directory)
+                _OS.fsync_dir(directory)
             if os.path.isdir(dest):
                 os.rmdir(dest)
             os.rename(partial, dest)
-            _fsync_dir(parent)
+            _OS.fsync_dir(parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
