@@ -77,3 +77,17 @@ class PartsMissing(StoreError):
     def __init__(self, message: str, *, missing: list[int]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class ProcessError(CairnError):
+    """Process mode could not snapshot or restore the workload (the workload itself is left
+    as it was: running after a failed dump on CPU, not started after a failed restore)."""
+
+
+class CriuFailed(ProcessError):
+    """CRIU exited with an error; the message carries the tail of its log."""
+
+
+class NotSnapshottable(ProcessError):
+    """The workload holds something a snapshot cannot carry (the message names it and the
+    fix): a file rewritten in place, an established TCP connection, unsupported GPU memory."""

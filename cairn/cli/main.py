@@ -11,8 +11,12 @@ Exit codes (stable; scripts may rely on them):
 5     fenced: another attempt moved the key's log on
 6     storage error: I/O, network or permission problem
 7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
+75    ``run``: preempted, a final snapshot was committed (retry to resume)
+76    ``run``: preempted, no final snapshot (the previous one is kept)
 130   interrupted (Ctrl-C)
 ====  ==============================================================
+
+``cairn run`` otherwise exits with its command's own code (128 + N if signal N killed it).
 
 Listing commands (``ls``, ``inspect``, ``verify``, ``gc``) accept ``--json``; so do ``put``
 and ``get``, which then print one JSON object describing what they did.
@@ -309,6 +313,36 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_NOT_READY
 
 
+# -- run --------------------------------------------------------------------------------------
+
+RUN_EPILOG = """exit codes of cairn run: the command's own when it ends by itself (128+N when a
+signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed; 76
+preempted and no final snapshot (it would not fit --grace, or it failed; the previous one is
+kept); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
+store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight).
+After the command exits 0 the key is marked done and its snapshots removed (--keep to keep)."""
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cairn.process.supervisor import OnSuccess, RunSettings, parse_duration, run
+
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        settings = RunSettings(
+            store=args.run_store, key=args.key, argv=tuple(command),
+            every_s=None if args.every in ("0", "never") else parse_duration(args.every),
+            grace_s=0.0 if args.grace in ("0", "0s") else parse_duration(args.grace),
+            workdir=args.workdir, ghost_limit=args.ghost_limit_mb << 20,
+            on_success=OnSuccess.KEEP if args.keep else OnSuccess.DROP,
+            preflight=not args.no_preflight, echo=not args.no_echo)
+    except ConfigError as e:
+        print(f"cairn run: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return run(settings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
@@ -368,6 +402,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="treat what process mode cannot do without as failure (exit 7)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_doctor, store=None, verbose=False)
+
+    help_text = ("Run a command under a supervisor that snapshots the whole process with CRIU "
+                 "and, when run again with the same key, resumes it from the last snapshot.")
+    p = sub.add_parser("run", help=help_text, description=help_text, epilog=RUN_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage="cairn run --store URL --key KEY [options] -- CMD [ARG...]")
+    p.add_argument("--store", dest="run_store", required=True, metavar="URL",
+                   help="a directory, file:///path or gs://bucket/prefix")
+    p.add_argument("--key", required=True, help="the work's key, e.g. my-dag/train/run-1")
+    p.add_argument("--every", default="10m", metavar="DURATION",
+                   help="snapshot interval, like 30s, 10m or 1h; 0 for none (default 10m)")
+    p.add_argument("--grace", default="30s", metavar="DURATION",
+                   help="time between SIGTERM and SIGKILL (default 30s, Kubernetes' default): "
+                        "a final snapshot is taken only if the last one took less")
+    p.add_argument("--workdir", default=os.environ.get("CAIRN_WORKDIR", "/var/tmp/cairn/run"),
+                   help="logs and staging; the same path on every node (default $CAIRN_WORKDIR "
+                        "or /var/tmp/cairn/run)")
+    p.add_argument("--ghost-limit-mb", type=int, default=512, metavar="MB",
+                   help="largest deleted-but-open file (e.g. DataLoader shared memory in "
+                        "/dev/shm) saved into a snapshot (default 512)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the snapshots after the command succeeds")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the host checks at start (cairn doctor --preflight)")
+    p.add_argument("--no-echo", action="store_true",
+                   help="do not copy the command's output to this terminal")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+    p.set_defaults(func=cmd_run, store=None)
     return parser
 
 
@@ -375,9 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="cairn: %(message)s")
+                        format="cairn run: %(message)s" if args.func is cmd_run else "cairn: %(message)s")
     try:
-        if args.store is None:  # a host command (doctor)
+        if args.store is None:  # a host command (doctor, run)
             return args.func(args)
         with open_store(args.store, create=args.create) as store:
             return args.func(args, store)

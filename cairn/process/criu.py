@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from cairn.exceptions import ConfigError
+from cairn.exceptions import ConfigError, CriuFailed
 
 ENV_VAR = "CAIRN_CRIU"
 DEFAULT_PATH = "/usr/local/sbin/criu"
@@ -97,3 +97,81 @@ def criu_check(binary: str, *, unprivileged: bool | None = None) -> CriuCheck:
         return CriuCheck(False, f"cannot run {binary}: {e}")
     output = done.stdout.strip()
     return CriuCheck(done.returncode == 0 and "Looks good" in output, output)
+
+
+DUMP_LOG = "dump.log"
+RESTORE_LOG = "restore.log"
+# Unlinked files the workload holds open (torch's DataLoader shares batches through deleted
+# /dev/shm files) are saved whole into the image up to this size; CRIU's default of 1 MiB
+# refuses ordinary batches.
+DEFAULT_GHOST_LIMIT = 512 << 20
+
+
+def _log_tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError:
+        return "(no CRIU log)"
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return "\n".join((errors or text)[-lines:])
+
+
+def _die_with_parent() -> None:
+    # A dump must not outlive the supervisor that would ingest it (and CRIU holding the
+    # workload frozen under ptrace should let go when the supervisor is killed).
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _run(binary: str, argv: list[str], log_path: str, what: str, timeout: float | None,
+         *, die_with_parent: bool = False) -> None:
+    try:
+        done = subprocess.run([binary, *argv], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=timeout, check=False,
+                              preexec_fn=_die_with_parent if die_with_parent else None)
+    except FileNotFoundError:
+        raise CriuFailed(f"criu {what}: {binary} does not exist (run `make criu`, or set "
+                         f"{ENV_VAR})") from None
+    except PermissionError:
+        raise CriuFailed(f"criu {what}: {binary} is not executable") from None
+    except subprocess.TimeoutExpired:
+        raise CriuFailed(f"criu {what} did not finish within {timeout:.0f}s") from None
+    if done.returncode != 0:
+        raise CriuFailed(f"criu {what} failed (exit {done.returncode}):\n"
+                         f"{(done.stdout + done.stderr).strip()}\n{_log_tail(log_path)}")
+
+
+def dump(binary: str, pid: int, image_dir: str, *, leave_running: bool,
+         ghost_limit: int = DEFAULT_GHOST_LIMIT, timeout: float | None = None,
+         extra: list[str] | None = None) -> None:
+    """``criu dump`` of the tree rooted at ``pid`` into ``image_dir`` (which must exist).
+
+    With ``leave_running`` the tree is thawed after the dump; otherwise CRIU kills it once
+    the images are written. On failure CRIU resumes the tree and :class:`CriuFailed` is raised.
+    """
+    argv = ["dump", "-t", str(pid), "-D", image_dir, "-o", DUMP_LOG,
+            "--manage-cgroups=ignore", "--ghost-limit", str(ghost_limit)]
+    if leave_running:
+        argv.append("--leave-running")
+    _run(binary, argv + list(extra or ()), os.path.join(image_dir, DUMP_LOG), "dump", timeout,
+         die_with_parent=True)
+
+
+def restore(binary: str, image_dir: str, *, pidfile: str, timeout: float | None = None,
+            extra: list[str] | None = None) -> int:
+    """``criu restore`` from ``image_dir``, detached, with the restored root a *sibling* of
+    CRIU: a child of the caller, so the caller can wait for it and the root's parent-death
+    signal (set when it was first started) keeps pointing at the caller. Returns its PID.
+
+    This is what CRIU's RPC ``rst_sibling`` sets (``opts.restore_sibling``); the command line
+    reaches it with ``--restore-sibling``, so no protobuf bindings are needed (ADR 0007).
+    """
+    argv = ["restore", "-D", image_dir, "-o", RESTORE_LOG, "--manage-cgroups=ignore",
+            "--restore-detached", "--restore-sibling", "--pidfile", pidfile]
+    _run(binary, argv + list(extra or ()), os.path.join(image_dir, RESTORE_LOG), "restore",
+         timeout)
+    with open(pidfile) as f:
+        return int(f.read().strip())

@@ -1,0 +1,597 @@
+"""``cairn run``: run an unmodified command, snapshot it with CRIU, resume it after a kill.
+
+The supervisor is the command's parent for its whole life:
+
+* at start it opens an attempt on KEY (fencing any older one) and restores the newest
+  committed snapshot whose compatibility record matches this host and workload, or starts the
+  command fresh, saying which and why;
+* the workload's stdout and stderr go to supervisor-owned log files (echoed to the
+  supervisor's own stdout/stderr), stored with each snapshot and cut back to their dumped size
+  before a restore;
+* every ``every`` seconds it dumps the workload with CRIU to local staging (the workload is
+  frozen only while CRIU writes its pages), lets it run again, and ingests the images into the
+  store;
+* the workload never outlives the supervisor: a fresh child gets ``PR_SET_PDEATHSIG=SIGKILL``
+  and a restored one keeps it, because CRIU restores it as the supervisor's child
+  (``--restore-sibling``); the supervisor is also a child subreaper;
+* SIGTERM/SIGINT: a final dump (which stops the workload) only if the last measured snapshot
+  cost fits the grace budget; the exit code says whether it was committed;
+* when the command succeeds the key is marked done and its snapshots dropped.
+
+Exit codes: the workload's own when it ends by itself (128 + N when killed by signal N);
+:data:`EXIT_PREEMPTED_SAVED`, :data:`EXIT_PREEMPTED_KEPT`; the CLI's 2 (usage), 5 (fenced),
+6 (storage) and 7 (host not ready). Only the main thread forks (a parent-death signal follows
+the *thread* that forked).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn.exceptions import (
+    CairnError,
+    ConfigError,
+    CorruptSnapshot,
+    CriuFailed,
+    Fenced,
+    NotSnapshottable,
+    StoreError,
+)
+from cairn.process import compat as compat_mod
+from cairn.process import criu as criu_mod
+from cairn.process import cuda as cuda_mod
+from cairn.process import pids as pids_mod
+from cairn.process import snapshot as snap_mod
+from cairn.process import workload
+from cairn.process.images import read_unix_socket_paths
+from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
+from cairn.store.hashing import digest
+
+log = logging.getLogger("cairn.run")
+
+EXIT_USAGE = 2
+EXIT_FENCED = 5
+EXIT_STORAGE = 6
+EXIT_NOT_READY = 7
+EXIT_PREEMPTED_SAVED = 75  # preempted; a final snapshot was committed (EX_TEMPFAIL: retry)
+EXIT_PREEMPTED_KEPT = 76  # preempted; no final snapshot, the previous one (if any) is kept
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+DEFAULT_WORKDIR = "/var/tmp/cairn/run"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+# Conservative throughput for a first final dump when none was measured yet.
+_UNMEASURED_BYTES_PER_S = 100e6
+DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
+PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
+
+
+def parse_duration(text: str) -> float:
+    """``"30s"``, ``"10m"``, ``"1h"``, ``"1.5h"``, ``"45"`` (seconds) to seconds."""
+    m = _DURATION.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"bad duration {text!r}: give a positive number with an optional unit "
+                          "(ms, s, m, h, d), like 30s, 10m or 1h")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+class OnSuccess(str, enum.Enum):
+    """What happens to the key's snapshots once the command exits 0."""
+
+    DROP = "drop"  # mark the key done and delete its snapshots
+    KEEP = "keep"  # leave them (a later run of the same key starts from the last one)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    store: str
+    key: str
+    argv: tuple[str, ...]
+    every_s: float | None = 600.0  # None: no periodic snapshots (only the final one)
+    grace_s: float = 30.0
+    workdir: str = DEFAULT_WORKDIR
+    ghost_limit: int = criu_mod.DEFAULT_GHOST_LIMIT
+    on_success: OnSuccess = OnSuccess.DROP
+    preflight: bool = True
+    echo: bool = True  # copy the workload's output to the supervisor's stdout/stderr
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ConfigError("give the command to run after --, e.g. cairn run --store S "
+                              "--key K -- python train.py")
+        if self.grace_s < 0:
+            raise ConfigError("--grace must be zero or more seconds")
+
+
+@dataclass
+class DumpCost:
+    """What the last snapshot cost, to decide whether a final one fits the grace budget."""
+
+    seconds: float | None = None
+    peak_staging_bytes: int = 0
+    failures: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _prctl(option: int, arg: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return "gone"
+    return "a zombie not yet reaped" if state == "Z" else (cmd[:80] or "?")
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return 1
+
+
+class _LogEcho(threading.Thread):
+    """Copies what the workload appends to its log files to the supervisor's stdout/stderr.
+    Touches only the two files it reads and the two streams it writes."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(name="cairn-log-echo", daemon=True)
+        self._pairs = pairs
+        self._offsets = {path: 0 for path, _ in pairs}
+        self._halt = threading.Event()
+
+    def start_at(self, offsets: dict[str, int]) -> None:
+        self._offsets.update(offsets)
+        self.start()
+
+    def _pump(self) -> None:
+        for path, stream in self._pairs:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets[path])
+                    data = f.read()
+            except OSError:
+                continue
+            if data:
+                self._offsets[path] += len(data)
+                stream.write(data)
+                stream.flush()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            self._pump()
+        self._pump()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+
+class Supervisor:
+    """One ``cairn run``. Construct, then :meth:`run` (main thread only) for the exit code."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.key = Key.parse(settings.key)
+        self.cwd = os.getcwd()
+        self.run_dir = os.path.join(settings.workdir, digest(self.key.path.encode())[:16])
+        self.stdout_path = os.path.join(self.run_dir, "stdout.log")
+        self.stderr_path = os.path.join(self.run_dir, "stderr.log")
+        self.staging = os.path.join(self.run_dir, "staging")
+        self.cost = DumpCost()
+        self.child: int | None = None
+        self.restored_from: int | None = None
+        self._wake = threading.Event()
+        self._signal: int | None = None
+        self._signal_at = 0.0
+        self._criu: str | None = None
+        self._store: Store | None = None
+        self._attempt: Any = None
+        self._compat: dict[str, Any] = {}
+        self._echo: _LogEcho | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._signal is None:
+            self._signal, self._signal_at = signum, time.monotonic()
+        self._wake.set()
+
+    def _on_child(self, _signum: int, _frame: object) -> None:
+        self._wake.set()
+
+    # -- entry point -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError("Supervisor.run() must be called from the main thread")
+        s = self.settings
+        if s.preflight:
+            from cairn.process.doctor import run_doctor
+
+            report = run_doctor(preflight=True)
+            if not report.ok:
+                log.error("this host cannot run process mode:\n%s", report.format_text())
+                return EXIT_NOT_READY
+        try:
+            self._criu = criu_mod.find_criu()
+        except ConfigError as e:
+            log.error("%s", e)
+            return EXIT_NOT_READY
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGCHLD, self._on_child)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        os.makedirs(self.run_dir, exist_ok=True)
+        try:
+            self._store = open_store(s.store)
+            self._attempt = self._store.open_attempt(
+                self.key, note={"mode": "process", "host": os.uname().nodename,
+                                "argv": list(s.argv)})
+        except StoreError as e:
+            log.error("cannot open the store: %s", e)
+            return EXIT_STORAGE
+        self._compat = compat_mod.current_record(s.argv, cwd=self.cwd, criu=self._criu)
+        try:
+            return self._supervise()
+        finally:
+            if self._echo is not None:
+                self._echo.stop()
+            self._summarize()
+            if self.child is not None:
+                self._kill_child()
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self._store.close()
+
+    def _supervise(self) -> int:
+        s = self.settings
+        offsets = self._start_workload()
+        if s.echo:
+            self._echo = _LogEcho([(self.stdout_path, sys.stdout.buffer),
+                                   (self.stderr_path, sys.stderr.buffer)])
+            self._echo.start_at(offsets)
+        next_dump = time.monotonic() + s.every_s if s.every_s else None
+        while True:
+            status = self._reap()
+            if status is not None:
+                return self._workload_ended(status)
+            if self._signal is not None:
+                return self._preempted()
+            now = time.monotonic()
+            if next_dump is not None and now >= next_dump:
+                try:
+                    self._snapshot(leave_running=True)
+                except Fenced as e:
+                    log.error("%s; stopping the workload", e)
+                    return EXIT_FENCED
+                next_dump = time.monotonic() + s.every_s  # type: ignore[operator]
+                continue
+            timeout = 1.0 if next_dump is None else min(1.0, max(0.0, next_dump - now))
+            self._wake.wait(timeout)
+            self._wake.clear()
+
+    # -- starting: restore or fresh --------------------------------------------------------
+
+    def _start_workload(self) -> dict[str, int]:
+        """Restore or start the workload; returns the log offsets already shown."""
+        assert self._store is not None
+        reason = None
+        snapshots = [i for i in self._store.snapshots(self.key)
+                     if i.manifest.mode is SnapshotMode.PROCESS]
+        for info in snapshots:
+            manifest = info.manifest
+            differences = compat_mod.differences(manifest.metadata.get("compat") or {},
+                                                 self._compat)
+            if differences:
+                reason = (f"snapshot seq {manifest.seq} does not fit: " + "; ".join(differences))
+                break
+            try:
+                self._restore(manifest)
+                log.warning("restored snapshot seq %d of key %s (pid %d)", manifest.seq,
+                            self.key, self.child)
+                self.restored_from = manifest.seq
+                return {p: os.path.getsize(p) for p in (self.stdout_path, self.stderr_path)
+                        if os.path.exists(p)}
+            except CorruptSnapshot as e:
+                log.warning("skipping snapshot seq %d: %s", manifest.seq, e)
+                reason = f"no snapshot verifies (last tried seq {manifest.seq}: {e})"
+            except (CriuFailed, OSError) as e:
+                reason = f"restoring seq {manifest.seq} failed: {e}"
+                log.error("%s", reason)
+                break
+        if not snapshots:
+            reason = f"key {self.key} has no process snapshot"
+        log.warning("starting fresh: %s", reason)
+        self._spawn_fresh()
+        return {}
+
+    def _wait_for_pids(self, manifest: Manifest) -> None:
+        """CRIU needs the snapshot's PIDs free. A killed predecessor's processes may still be
+        exiting, or be zombies the container's init has yet to reap: wait for them a while,
+        then name whatever still holds a PID."""
+        wanted = [int(p) for p in snap_mod.process_info(manifest).get("pids", [])]
+        deadline = time.monotonic() + PID_WAIT_S
+        while True:
+            taken = [p for p in wanted if os.path.exists(f"/proc/{p}")]
+            if not taken:
+                return
+            if time.monotonic() > deadline:
+                holders = ", ".join(f"{p} ({_describe_pid(p)})" for p in taken[:5])
+                raise CriuFailed(f"the snapshot's PIDs are still in use after {PID_WAIT_S:.0f}s: "
+                                 f"{holders}; stop those processes, or run the step on another "
+                                 "worker")
+            time.sleep(0.1)
+
+    def _restore(self, manifest: Manifest) -> None:
+        assert self._store is not None and self._criu is not None
+        self._wait_for_pids(manifest)
+        dest = os.path.join(self.staging, f"restore-{manifest.seq}")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(self.staging, exist_ok=True)
+        try:
+            snap_mod.fetch(self._store, manifest, dest)
+            for socket_path in read_unix_socket_paths(os.path.join(dest, snap_mod.IMAGES)):
+                os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+            pidfile = os.path.join(self.staging, "restored.pid")
+            self.child = criu_mod.restore(self._criu, os.path.join(dest, snap_mod.IMAGES),
+                                          pidfile=pidfile)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+        gpu = [int(p) for p in snap_mod.process_info(manifest).get("gpu_pids", [])]
+        if gpu:
+            api = self._cuda_api()
+            if api is None:
+                raise CriuFailed("the snapshot holds GPU state and libcuda cannot be loaded here")
+            cuda_mod.resume_restored(api, gpu)
+        self._attempt.resume_from(manifest)
+        tree = workload.process_tree(self.child)
+        try:
+            pids_mod.advance_past(tree)
+        except OSError as e:
+            log.warning("cannot move ns_last_pid past the restored PIDs (%s); the workload's "
+                        "new children may get low PIDs", e)
+
+    def _spawn_fresh(self) -> None:
+        s = self.settings
+        for path in (self.stdout_path, self.stderr_path):
+            open(path, "wb").close()
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the log (and the echo) at once
+        supervisor = os.getpid()
+
+        def in_child() -> None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != supervisor:  # the supervisor died before prctl took effect
+                os._exit(1)
+
+        def spawn() -> subprocess.Popen[bytes]:
+            # O_APPEND: CRIU then records the position, and cairn can cut the file back.
+            with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
+                return subprocess.Popen(list(s.argv), stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err, start_new_session=True, env=env,
+                                        preexec_fn=in_child)
+
+        try:
+            proc = pids_mod.spawn_at(pids_mod.high_pid_base(), spawn)
+        except OSError as e:
+            if isinstance(e, (FileNotFoundError, PermissionError)) and e.filename == s.argv[0]:
+                raise ConfigError(f"cannot run {s.argv[0]!r}: {e.strerror}") from None
+            log.warning("cannot move ns_last_pid (%s); the workload starts at a low PID that "
+                        "a restore in a fresh container may find taken", e)
+            proc = spawn()
+        self._proc = proc  # held so that subprocess never reaps it behind waitpid's back
+        self.child = proc.pid
+        log.warning("started %s (pid %d)", " ".join(s.argv), self.child)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def _check_dumpable(self, tree: list[int]) -> tuple[list[str], list[int]]:
+        """Refuse what CRIU could not restore. Returns the append-mode files to track and the
+        processes holding CUDA state."""
+        files = workload.open_files(tree)
+        own = {self.stdout_path, self.stderr_path}
+        problems = workload.rewritten_files(files) + workload.established_tcp(files)
+        gpu: list[int] = []
+        if workload.gpu_pids(tree):
+            api = self._cuda_api()
+            if api is None:
+                problems.append(workload.Problem(
+                    what="the workload maps an NVIDIA device but libcuda cannot be loaded here",
+                    fix="run where the NVIDIA driver (>= 570) is installed, or use state mode "
+                        "(cairn.Checkpointer)"))
+            else:
+                gpu = cuda_mod.cuda_pids(api, tree)
+                if gpu:
+                    cuda_mod.check_fits(cuda_mod.gpu_memory_in_use())
+        if problems:
+            raise NotSnapshottable("cannot snapshot the workload:\n  " +
+                                   "\n  ".join(str(p) for p in problems))
+        tracked = workload.append_files(files)
+        return sorted(own) + [p for p in tracked if p not in own], gpu
+
+    def _cuda_api(self) -> cuda_mod.CudaCheckpoint | None:
+        if self._cuda is None:
+            self._cuda = cuda_mod.CudaCheckpoint.load() or False
+        return self._cuda or None
+
+    def _snapshot(self, *, leave_running: bool) -> Manifest | None:
+        """Dump, then ingest. Returns the committed manifest, or None when it failed (logged;
+        the workload keeps running when ``leave_running``). Raises Fenced."""
+        assert self._criu is not None and self.child is not None
+        started = time.monotonic()
+        image_dir = os.path.join(self.staging, f"dump-{int(time.time() * 1000)}")
+        try:
+            tree = workload.process_tree(self.child)
+            tracked, gpu = self._check_dumpable(tree)
+            os.makedirs(image_dir)
+            if gpu:
+                api = self._cuda_api()
+                assert api is not None
+                with cuda_mod.suspended(api, gpu, resume=leave_running):
+                    criu_mod.dump(self._criu, self.child, image_dir,
+                                  leave_running=leave_running,
+                                  ghost_limit=self.settings.ghost_limit, timeout=DUMP_TIMEOUT_S)
+            else:
+                criu_mod.dump(self._criu, self.child, image_dir, leave_running=leave_running,
+                              ghost_limit=self.settings.ghost_limit, timeout=DUMP_TIMEOUT_S)
+            dumped = time.monotonic()
+            staged = snap_mod.directory_bytes(image_dir)
+            self.cost.peak_staging_bytes = max(self.cost.peak_staging_bytes, staged)
+            report = snap_mod.ingest(
+                self._attempt, image_dir, tracked_paths=tracked, compat=self._compat,
+                info={"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
+                      "leave_running": leave_running})
+        except Fenced:
+            raise
+        except (CairnError, OSError) as e:
+            self.cost.failures += 1
+            state = "keeps running" if leave_running else "was not stopped by a dump"
+            log.error("snapshot failed (the workload %s): %s", state, e)
+            return None
+        finally:
+            shutil.rmtree(image_dir, ignore_errors=True)
+        done = time.monotonic()
+        self.cost.seconds = done - started
+        figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
+                   "dump_s": round(dumped - started, 3), "ingest_s": round(done - dumped, 3),
+                   "image_bytes": report.image_bytes, "bytes_written": report.bytes_written,
+                   "staging_bytes": staged}
+        self.cost.history.append(figures)
+        log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU), image %.1f MB, written "
+                    "%.1f MB (%.0f%%), staging %.1f MB, dump %.2fs + ingest %.2fs",
+                    report.manifest.seq, report.frozen_us / 1000, report.image_bytes / 1e6,
+                    report.bytes_written / 1e6,
+                    100 * report.bytes_written / max(report.image_bytes, 1), staged / 1e6,
+                    dumped - started, done - dumped)
+        return report.manifest
+
+    def _summarize(self) -> None:
+        history = self.cost.history
+        if not history and not self.cost.failures:
+            return
+        frozen = sorted(h["frozen_ms"] for h in history)
+        written = sum(h["bytes_written"] for h in history)
+        image = sum(h["image_bytes"] for h in history)
+        log.warning("%d snapshots (%d failed): frozen median %.0f ms, max %.0f ms; wrote %.1f MB "
+                    "for %.1f MB of images (%.0f%%); peak staging %.1f MB", len(history),
+                    self.cost.failures, frozen[len(frozen) // 2] if frozen else 0,
+                    frozen[-1] if frozen else 0, written / 1e6, image / 1e6,
+                    100 * written / max(image, 1), self.cost.peak_staging_bytes / 1e6)
+
+    # -- endings --------------------------------------------------------------------------
+
+    def _reap(self) -> int | None:
+        """Reap exited children (adopted orphans too); the workload's status once it ended."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                return None
+            if pid == self.child:
+                self.child = None
+                if self._proc is not None and self._proc.pid == pid:
+                    self._proc.returncode = _exit_code(status)
+                return status
+
+    def _workload_ended(self, status: int) -> int:
+        code = _exit_code(status)
+        if code != 0:
+            log.warning("the workload exited with %d; snapshots kept", code)
+            return code
+        if self.settings.on_success is OnSuccess.DROP:
+            try:
+                self._attempt.finish()
+                log.warning("the workload succeeded; key %s marked done, snapshots dropped",
+                            self.key)
+            except Fenced as e:
+                log.error("the workload succeeded but %s", e)
+            except StoreError as e:
+                log.error("the workload succeeded but marking the key done failed: %s", e)
+        return 0
+
+    def _preempted(self) -> int:
+        assert self._signal is not None
+        name = signal.Signals(self._signal).name
+        remaining = self.settings.grace_s - (time.monotonic() - self._signal_at)
+        if self.cost.seconds is not None:
+            estimate, basis = self.cost.seconds, "the last snapshot took"
+        else:
+            tree = workload.process_tree(self.child) if self.child else []
+            resident = workload.resident_bytes(tree)
+            estimate = resident / _UNMEASURED_BYTES_PER_S
+            basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
+                     f"{_UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
+        kept = self._attempt.parent.seq if self._attempt.parent is not None else None
+        kept_text = f"snapshot seq {kept} kept" if kept is not None else "no snapshot to keep"
+        if estimate > remaining:
+            log.error("%s: no final snapshot: %s %.1fs and %.1fs of the %.0fs grace are left; "
+                      "%s", name, basis, estimate, remaining, self.settings.grace_s, kept_text)
+            return EXIT_PREEMPTED_KEPT
+        try:
+            manifest = self._snapshot(leave_running=False)
+        except Fenced as e:
+            log.error("%s: %s", name, e)
+            return EXIT_FENCED
+        if manifest is None:
+            log.error("%s: the final snapshot failed; %s", name, kept_text)
+            return EXIT_PREEMPTED_KEPT
+        log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
+                    "retries and resumes", name, manifest.seq, EXIT_PREEMPTED_SAVED)
+        return EXIT_PREEMPTED_SAVED
+
+    def _kill_child(self) -> None:
+        """SIGKILL the workload's tree and reap it."""
+        child = self.child
+        if child is None:
+            return
+        for pid in reversed(workload.process_tree(child)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(child, 0)
+        except ChildProcessError:
+            pass
+        self.child = None
+
+
+def run(settings: RunSettings) -> int:
+    """Run ``settings.argv`` under a supervisor; returns the exit code (module docstring)."""
+    return Supervisor(settings).run()
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``[options..., "--", command...]``."""
+    if "--" not in argv:
+        return list(argv), []
+    i = list(argv).index("--")
+    return list(argv[:i]), list(argv[i + 1:])

@@ -1,0 +1,331 @@
+"""``cairn run`` end to end with real CRIU: snapshots of unmodified commands, kills, restores.
+
+Every workload here knows nothing of cairn. Needs root and CRIU >= 4 (``make test`` builds it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cairn.process.pids import pid_max
+from cairn.store import Key, open_store
+from tests.support.cairn_run import (
+    COUNTER,
+    CRIU,
+    TRAINING,
+    CairnRun,
+    can_run_criu,
+    descendants,
+    gone,
+    metric_steps,
+    wait_for,
+)
+from tests.support.tamper import flip_byte
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
+]
+
+
+@pytest.fixture()
+def place(tmp_path: Path) -> dict[str, Path]:
+    work = tmp_path / "workspace"
+    work.mkdir()
+    return {"store": tmp_path / "store", "work": work, "cairn": work / "cairn",
+            "logs": tmp_path / "logs", "metrics": work / "metrics.txt"}
+
+
+def _counter(place: dict[str, Path], steps: int, pause: float = 0.05, **kw) -> CairnRun:
+    store = kw.pop("store", str(place["store"]))
+    return CairnRun(store=store, key=kw.pop("key", "dag/task/1"),
+                    command=[sys.executable, str(COUNTER), str(place["metrics"]), str(steps),
+                             str(pause)],
+                    workdir=place["cairn"], logs=place["logs"], **kw)
+
+
+def _after_a_snapshot(run: CairnRun, *, min_steps: int, metrics: Path, count: int = 1) -> None:
+    """Wait until the workload did ``min_steps`` steps and ``count`` snapshots were committed
+    after that."""
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= min_steps,
+             120, f"{min_steps} steps")
+    before = len(run.committed())
+    wait_for(lambda: len(run.committed()) >= before + count or run.proc.poll() is not None,
+             120, "a snapshot")
+    assert run.proc.poll() is None, run.stderr
+
+
+def test_killed_training_resumes_from_its_snapshot_bit_identical(place: dict[str, Path]) -> None:
+    """DataLoader(num_workers=2, shuffle), a metrics file in append mode, stdout logging; the
+    supervisor is SIGKILLed after a snapshot and a second run resumes mid-training."""
+    steps = 160
+    reference_metrics, reference = place["work"] / "ref-metrics.txt", place["work"] / "ref.bin"
+    subprocess.run([sys.executable, str(TRAINING), "--steps", str(steps), "--metrics",
+                    str(reference_metrics), "--out", str(reference), "--sleep", "0"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=300)
+    out = place["work"] / "weights.bin"
+    command = [sys.executable, str(TRAINING), "--steps", str(steps), "--metrics",
+               str(place["metrics"]), "--out", str(out), "--sleep", "0.05"]
+    first = CairnRun(store=str(place["store"]), key="train/run-1", command=command,
+                     workdir=place["cairn"], logs=place["logs"], every="2s")
+    try:
+        _after_a_snapshot(first, min_steps=20, metrics=place["metrics"])
+        tree = descendants(first.proc.pid)
+        assert len(tree) >= 3, "the trainer and its two DataLoader workers"
+        done_before_kill = len(metric_steps(place["metrics"]))
+    finally:
+        first.kill()
+    wait_for(lambda: all(gone(p) for p in tree), 30, "the workload to die with its supervisor")
+    assert done_before_kill < steps
+
+    second = CairnRun(store=str(place["store"]), key="train/run-1", command=command,
+                      workdir=place["cairn"], logs=place["logs"], every="2s")
+    assert second.wait(300) == 0, second.stderr
+    assert "restored snapshot seq" in second.stderr, second.stderr
+    resumed_at = int(re.search(r"step (\d+)", second.stdout).group(1))
+    assert resumed_at > 0, "resumed mid-training, not from step 0"
+    # Each step exactly once (the metrics file was cut back to its size at the snapshot) and
+    # the same losses and final weights as a run that was never interrupted.
+    got, want = place["metrics"].read_text().splitlines(), reference_metrics.read_text().splitlines()
+    first_diff = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    assert got == want, (f"{len(got)} vs {len(want)} lines; first difference at line "
+                         f"{first_diff}: {got[first_diff:first_diff + 2] if first_diff is not None else ''}"
+                         f" vs {want[first_diff:first_diff + 2] if first_diff is not None else ''}\n"
+                         f"{first.stderr}\n{second.stderr}")
+    assert out.read_bytes() == reference.read_bytes()
+    with open_store(str(place["store"]), create=False) as store:
+        assert store.snapshots(Key.parse("train/run-1")) == [], "done: snapshots dropped"
+
+
+def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
+        place: dict[str, Path]) -> None:
+    run = _counter(place, 400)
+    _after_a_snapshot(run, min_steps=10, metrics=place["metrics"])
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 75, run.stderr
+    final = int(re.search(r"final snapshot seq (\d+) committed", run.stderr).group(1))
+    at_kill = metric_steps(place["metrics"])
+    assert run.snapshots()[0] == final
+
+    again = _counter(place, 400)
+    assert again.wait() == 0, again.stderr
+    assert f"restored snapshot seq {final}" in again.stderr
+    # The restored process continues with the very next step: none lost, none repeated.
+    assert int(re.search(r"step (\d+)", again.stdout).group(1)) == at_kill[-1] + 1
+    assert metric_steps(place["metrics"]) == list(range(400))
+
+
+def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Path]) -> None:
+    run = _counter(place, 400, grace="0")
+    _after_a_snapshot(run, min_steps=10, metrics=place["metrics"])
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 76, run.stderr
+    kept = run.committed()[-1]
+    assert "no final snapshot" in run.stderr and f"snapshot seq {kept} kept" in run.stderr
+    assert run.snapshots()[0] == kept
+    assert gone(run.child_pid())
+
+
+def test_supervisor_sigkill_takes_fresh_and_restored_workloads_down(
+        place: dict[str, Path]) -> None:
+    first = _counter(place, 100000)
+    _after_a_snapshot(first, min_steps=5, metrics=place["metrics"])
+    child = first.child_pid()
+    first.kill()
+    wait_for(lambda: gone(child), 10, "the fresh workload to die with its supervisor")
+
+    second = _counter(place, 100000)
+    wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None, 60,
+             "the restore")
+    restored = second.child_pid()
+    assert restored == child, "CRIU restores the same PID"
+    assert restored in descendants(second.proc.pid), "the restored workload is the supervisor's child"
+    second.kill()
+    wait_for(lambda: gone(restored), 10, "the restored workload to die with its supervisor")
+
+
+def test_another_machine_restores_from_gcs_with_the_workspace_gone(
+        place: dict[str, Path], gcs_bucket: str) -> None:
+    url = f"gs://{gcs_bucket}/cairn"
+    first = _counter(place, 300, store=url)
+    _after_a_snapshot(first, min_steps=20, metrics=place["metrics"])
+    first.kill()
+    wait_for(lambda: gone(first.child_pid()), 10, "the workload to die")
+    kept = first.snapshots()[0]
+    shutil.rmtree(place["work"])  # logs, staging, the metrics file: a fresh node has none
+
+    second = _counter(place, 300, store=url)
+    assert second.wait() == 0, second.stderr
+    assert f"restored snapshot seq {kept}" in second.stderr
+    steps = metric_steps(place["metrics"])
+    assert steps == list(range(300)), "the metrics file came back from the store, then grew"
+    assert (place["cairn"]).exists()
+
+
+def test_corrupt_newest_snapshot_falls_back_to_the_previous_one(place: dict[str, Path]) -> None:
+    from cairn.store.url import open_backend
+
+    first = _counter(place, 100000)
+    _after_a_snapshot(first, min_steps=5, metrics=place["metrics"], count=2)
+    first.kill()
+    wait_for(lambda: gone(first.child_pid()), 10, "the workload to die")
+    with open_store(str(place["store"]), create=False) as store:
+        snaps = store.snapshots(Key.parse("dag/task/1"))
+        newest, previous = snaps[0].manifest, snaps[1].manifest
+        fresh = {c.pack for c in newest.chunk_refs()} - {c.pack for c in previous.chunk_refs()}
+        victim = next(c for c in newest.chunk_refs() if c.pack in fresh)
+    backend = open_backend(str(place["store"]))
+    flip_byte(backend, victim.pack, victim.offset)
+    backend.close()
+
+    second = _counter(place, 100000)
+    try:
+        wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None,
+                 60, "the restore")
+        assert f"skipping snapshot seq {newest.seq}" in second.stderr, second.stderr
+        assert f"restored snapshot seq {previous.seq}" in second.stderr, second.stderr
+        wait_for(lambda: len(metric_steps(place["metrics"])) > 5, 30, "progress")
+        steps = metric_steps(place["metrics"])
+        assert steps == list(range(len(steps))), "cut back to the older snapshot: no repeats"
+    finally:
+        second.kill()
+
+
+def test_changed_script_or_host_record_starts_fresh_saying_why(place: dict[str, Path]) -> None:
+    script = place["work"] / "job.py"
+    shutil.copy(COUNTER, script)
+    command = [sys.executable, str(script), str(place["metrics"]), "100000"]
+    first = CairnRun(store=str(place["store"]), key="k", command=command,
+                     workdir=place["cairn"], logs=place["logs"])
+    _after_a_snapshot(first, min_steps=5, metrics=place["metrics"])
+    first.kill()
+    wait_for(lambda: gone(first.child_pid()), 10, "the workload to die")
+
+    script.write_text(script.read_text() + "\n# fixed a bug\n")
+    second = CairnRun(store=str(place["store"]), key="k", command=command,
+                      workdir=place["cairn"], logs=place["logs"])
+    wait_for(lambda: "started" in second.stderr, 60, "a fresh start")
+    assert re.search(r"starting fresh: snapshot seq \d+ does not fit: .*job.py changed",
+                     second.stderr), second.stderr
+    _after_a_snapshot(second, min_steps=3, metrics=place["metrics"])
+    second.kill()
+    wait_for(lambda: gone(second.child_pid()), 10, "the workload to die")
+
+    third = CairnRun(store=str(place["store"]), key="k", command=command,
+                     workdir=place["cairn"], logs=place["logs"],
+                     env={"CAIRN_IMAGE_DIGEST": "sha256:" + "ab" * 32})
+    wait_for(lambda: "started" in third.stderr, 60, "a fresh start")
+    third.kill()
+    assert "container image differs" in third.stderr, third.stderr
+
+
+def test_failing_or_vanishing_criu_leaves_training_running(place: dict[str, Path]) -> None:
+    assert CRIU is not None
+    wrapper = place["work"] / "criu-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = dump ]; then echo "simulated dump failure" >&2; '
+                       f'exit 1; fi\nexec {CRIU} "$@"\n')
+    wrapper.chmod(0o755)
+    run = _counter(place, 60, env={"CAIRN_CRIU": str(wrapper)}, every="0.5s")
+    wait_for(lambda: "snapshot failed" in run.stderr or run.proc.poll() is not None, 60,
+             "a failed dump")
+    assert run.wait() == 0, run.stderr
+    assert "snapshot failed (the workload keeps running)" in run.stderr
+    assert "simulated dump failure" in run.stderr
+    assert metric_steps(place["metrics"]) == list(range(60))
+
+    place["metrics"].unlink()
+    vanishing = place["work"] / "criu-link"
+    vanishing.symlink_to(CRIU)
+    run = _counter(place, 80, env={"CAIRN_CRIU": str(vanishing)}, every="0.5s")
+    wait_for(lambda: "started" in run.stderr, 60, "the start")
+    vanishing.unlink()  # CRIU disappears while the step runs
+    assert run.wait() == 0, run.stderr
+    assert "does not exist" in run.stderr
+    assert metric_steps(place["metrics"]) == list(range(80))
+
+
+def test_unsnapshottable_workloads_are_named(place: dict[str, Path]) -> None:
+    rewritten = place["work"] / "rewritten.py"
+    rewritten.write_text(
+        "import sys, time\nf = open(sys.argv[1], 'w')\n"
+        "for i in range(40):\n    f.write(f'{i}\\n'); f.flush(); time.sleep(0.05)\n")
+    target = place["work"] / "state.txt"
+    run = CairnRun(store=str(place["store"]), key="w", command=[sys.executable, str(rewritten),
+                                                                 str(target)],
+                   workdir=place["cairn"], logs=place["logs"], every="0.5s")
+    assert run.wait() == 0, run.stderr
+    assert f"holds {target} open for writing without append mode" in run.stderr
+    assert "open it with mode 'a'" in run.stderr
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+    client = place["work"] / "client.py"
+    client.write_text("import socket, sys, time\n"
+                      "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+                      "time.sleep(2.5)\n")
+    run = CairnRun(store=str(place["store"]), key="t", command=[sys.executable, str(client),
+                                                                 str(port)],
+                   workdir=place["cairn"], logs=place["logs"], every="0.5s")
+    assert run.wait() == 0, run.stderr
+    assert f"established TCP connection 127.0.0.1:" in run.stderr
+    assert f"-> 127.0.0.1:{port}" in run.stderr
+    server.close()
+
+
+def test_success_marks_done_unless_keep(place: dict[str, Path]) -> None:
+    run = _counter(place, 30, key="a", every="0.3s")
+    assert run.wait() == 0, run.stderr
+    assert run.committed(), "it took snapshots while running"
+    with open_store(str(place["store"]), create=False) as store:
+        assert store.snapshots(Key.parse("a")) == []
+        assert store.history(Key.parse("a"))[-1].kind.value == "done"
+    place["metrics"].unlink()
+    kept = _counter(place, 30, key="b", every="0.3s", extra=["--keep"])
+    assert kept.wait() == 0, kept.stderr
+    assert kept.snapshots(), "--keep leaves the snapshots"
+
+
+def test_preflight_fails_fast_naming_what_is_missing(place: dict[str, Path]) -> None:
+    run = _counter(place, 5, env={"CAIRN_CRIU": str(place["work"] / "no-such-criu")})
+    assert run.wait() == 7, run.stderr
+    assert "no-such-criu" in run.stderr
+    assert not place["metrics"].exists(), "nothing started"
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+def test_restore_in_a_fresh_pid_namespace_with_a_decoy_on_low_pids(place: dict[str, Path]) -> None:
+    """A fresh pod stands in as ``unshare --pid --fork --mount-proc``: PIDs start at 1 there.
+    The workload is started high in the PID space, so decoys holding the low PIDs a fresh
+    namespace hands out do not collide with the restore."""
+    fresh_ns = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    first = _counter(place, 100000, prefix=fresh_ns)
+    _after_a_snapshot(first, min_steps=5, metrics=place["metrics"])
+    child = first.child_pid()
+    assert child is not None and child >= pid_max() // 2, f"started at a high PID, not {child}"
+    namespace = descendants(first.proc.pid)
+    first.kill()  # unshare's --kill-child takes the whole namespace down
+    wait_for(lambda: all(gone(p) for p in namespace), 30, "the first namespace to die")
+
+    decoys = "for i in $(seq 1 64); do sleep 300 & done; exec \"$@\""  # PIDs 2..65
+    second = _counter(place, 100000, prefix=[*fresh_ns, "sh", "-c", decoys, "sh"])
+    try:
+        wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None,
+                 60, "the restore")
+        assert f"(pid {child})" in second.stderr, second.stderr
+        steps_before = len(metric_steps(place["metrics"]))
+        wait_for(lambda: len(metric_steps(place["metrics"])) > steps_before + 3, 30,
+                 "the restored workload to make progress")
+    finally:
+        second.kill()
