@@ -8,12 +8,17 @@ large buffers. ``bench/store_bench.py`` shows it is not the bottleneck of a put.
 
 from __future__ import annotations
 
+import re
+
 import blake3
 
 DIGEST_NAME = "blake3"
 DIGEST_HEX_LEN = 64
 # Above this, let the Rust side spread one chunk over threads (it releases the GIL).
 _PARALLEL_THRESHOLD = 512 << 10
+
+
+_DIGEST_RE = re.compile(f"[0-9a-f]{{{DIGEST_HEX_LEN}}}")
 
 
 def digest(data: bytes | bytearray | memoryview) -> str:
@@ -24,8 +29,4 @@ def digest(data: bytes | bytearray | memoryview) -> str:
 
 
 def is_digest(text: object) -> bool:
-    return (
-        isinstance(text, str)
-        and len(text) == DIGEST_HEX_LEN
-        and all(c in "0123456789abcdef" for c in text)
-    )
+    return isinstance(text, str) and _DIGEST_RE.fullmatch(text) is not None

@@ -183,13 +183,19 @@ def _parse(doc: object) -> Manifest:
         raw_chunks = raw["chunks"]
         _expect(isinstance(raw_chunks, list), f"chunks of {path} is not a list")
         for c in raw_chunks:
-            _expect(isinstance(c, list) and len(c) == 4, f"a chunk of {path} is malformed")
+            # Hot loop (a 2 GiB process image has 65k chunks): test first, format messages
+            # only for the chunk that fails.
+            if not (isinstance(c, list) and len(c) == 4):
+                raise ValueError(f"a chunk of {path} is malformed")
             digest, csize, pack, offset = c
-            _expect(is_digest(digest), f"a chunk of {path} has a bad digest {digest!r}")
-            csize = _int(csize, f"chunk size in {path}", hi=MAX_CHUNK_BYTES)
-            _expect(isinstance(pack, str) and pack.startswith("packs/") and ".." not in pack,
-                    f"a chunk of {path} names a bad pack {pack!r}")
-            offset = _int(offset, f"chunk offset in {path}")
+            if not is_digest(digest):
+                raise ValueError(f"a chunk of {path} has a bad digest {digest!r}")
+            if not (type(csize) is int and 0 <= csize <= MAX_CHUNK_BYTES):
+                _int(csize, f"chunk size in {path}", hi=MAX_CHUNK_BYTES)
+            if not (type(pack) is str and pack.startswith("packs/") and ".." not in pack):
+                raise ValueError(f"a chunk of {path} names a bad pack {pack!r}")
+            if not (type(offset) is int and 0 <= offset <= MAX_FILE_BYTES):
+                _int(offset, f"chunk offset in {path}")
             chunks.append(ChunkRef(digest, csize, pack, offset))
             total += csize
         _expect(total == size, f"chunks of {path} add up to {total} bytes, not {size}")

@@ -92,9 +92,14 @@ class PackWriter:
         self._futures.append(self._pool.submit(commit))
 
     def _raise_failed(self) -> None:
+        # Called for every chunk: keep only pending futures so the check stays O(in flight).
+        pending = []
         for future in self._futures:
-            if future.done() and future.exception() is not None:
+            if not future.done():
+                pending.append(future)
+            elif future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
+        self._futures = pending
 
     def flush(self) -> None:
         """Seal the open pack and wait until every pack is durable."""
