@@ -1,0 +1,761 @@
+"""Process snapshots: cairn's CRIU dump + ingest against plain ``criu dump`` / ``criu restore``.
+
+One run, both sides on the same process state and the same disk. For each size (``--sizes``,
+default 0.5, 1 and 2 GiB) the bench starts ``bench/process_workload.py``, a Python process
+holding that many bytes of random data in private anonymous memory (nothing in it dedups),
+in its own session, with stdin ``/dev/null`` and stdout/stderr appended to log files, no
+terminal, no sockets. It is started at a high PID (``cairn.process.pids.spawn_at``, as
+``cairn run`` does) with ``PR_SET_PDEATHSIG=SIGKILL`` so it never outlives the bench.
+
+Each size then goes through rounds; in every round *both* sides dump the same state, in
+alternating order (plain first on even rounds, cairn first on odd ones; the start flips from
+size to size):
+
+* round 0: the **first** dump;
+* rounds 1 .. ``--runs``-1: **consecutive** dumps, each after the workload replaced 10% of
+  its memory with fresh random bytes in contiguous 64 KiB runs at random page-aligned
+  positions (one run in every 640 KiB stratum);
+* a last round after it replaced 10% of its pages, one 4 KiB page each, picked at random
+  (the **scattered** case; no target).
+
+The sides of one round:
+
+* **plain**: ``criu dump --leave-running`` (the command line of
+  ``cairn.process.criu.dump``: ``-o dump.log --manage-cgroups=ignore --ghost-limit 512M``)
+  into a fresh directory under the bench directory, then ``sync``. Dump-to-durable = dump +
+  sync. Bytes written = the image (CRIU writes all of it every time).
+* **cairn**: what ``cairn run`` does: the same dump into a fresh staging directory on the same
+  filesystem, then ``cairn.process.snapshot.ingest`` into a local store (durable when it
+  returns; chunks of the pages images start at every pagemap entry and every 32 KiB of virtual
+  address, and dedup against the key's previous snapshot), then the staging is deleted (not
+  timed). Dump-to-durable = dump + ingest. Bytes written = ``IngestReport.bytes_written``.
+
+Before each side the bench runs ``sync`` and drops the page cache, so that neither side
+starts with the other's dirty pages or a fuller cache. Frozen time is CRIU's own
+``frozen_time`` from the dump's ``stats-dump`` (``cairn.process.images.read_dump_stats``) for
+both sides. Per size: ``frozen_ratio`` = median cairn frozen / median plain frozen over all
+rounds; ``consecutive_bytes_fraction`` = cairn's bytes written / image bytes of the same dump,
+median over the consecutive contiguous rounds.
+
+**Restore** (after the last round): the workload's checksum of its buffer is taken before the
+last round's dumps, then it is killed; ``--restore-runs`` times (alternating order), page cache
+dropped before each side: *plain* = ``criu restore`` from the plain directory
+(``cairn.process.criu.restore``: ``--restore-detached --restore-sibling``, the restored process
+a child of the bench); *cairn* = ``cairn.process.snapshot.fetch`` of the last snapshot (verified,
+fsynced) into a fresh directory + the same ``criu restore`` of its images. Each restored
+process must be alive and report the same checksum (``restore_verified``); it is then killed.
+
+**torch** (no target): ``tests/support/criu_training.py`` (a DataLoader with 2 worker
+processes) is dumped by both sides, twice, ``--torch-gap`` seconds apart; the table gives its
+image bytes and what cairn wrote for the first and the consecutive dump.
+
+Top-level figures (last line, JSON): ``frozen_ratio`` and ``consecutive_bytes_fraction`` are
+the worst (largest) over the sizes; targets: ``frozen_ratio`` <= 1.2,
+``consecutive_bytes_fraction`` <= 0.2. Needs root and CRIU (``make criu``); about 5x the
+largest size of free disk under ``--dir`` (default a temp dir under /var/tmp, removed at the
+end). MB is 10**6 bytes. Every process the bench starts is killed (with its process group) and
+reaped before it exits, on failure too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cairn.process import compat as compat_mod
+from cairn.process import criu as criu_mod
+from cairn.process import pids as pids_mod
+from cairn.process import snapshot as snap_mod
+from cairn.process import workload as workload_mod
+from cairn.process.images import PAGE_CHUNK, read_dump_stats
+from cairn.store import Key, Store, open_store
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WORKLOAD = os.path.join(HERE, "process_workload.py")
+TRAINING = os.path.join(REPO, "tests", "support", "criu_training.py")
+
+FRACTION = 0.10
+RUN_BYTES = 64 << 10
+TARGETS = {"frozen_ratio": 1.2, "consecutive_bytes_fraction": 0.2}
+PR_SET_PDEATHSIG = 1
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``0.5G``, ``512M``, ``64MiB``, ``1048576`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"cannot parse size {text!r}; use e.g. 512M or 1G")
+    size = int(float(match.group(1)) * _UNITS[match.group(2)])
+    if size < (1 << 20):
+        raise argparse.ArgumentTypeError("size must be at least 1M")
+    return size
+
+
+def human(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % (scale // 4) == 0:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def drop_caches() -> bool:
+    """``sync`` then drop the page cache; False when not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def image_bytes(directory: str) -> int:
+    """Bytes of the files CRIU wrote, its log left out (as ingest counts them)."""
+    total = 0
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if name != criu_mod.DUMP_LOG and os.path.isfile(path):
+            total += os.path.getsize(path)
+    return total
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+
+
+def _pdeathsig() -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def tail(path: str, lines: int = 10) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# -- processes the bench starts -----------------------------------------------------------------
+
+
+class Proc:
+    """A process tree the bench started or restored; :meth:`kill` kills and reaps it."""
+
+    live: set[Proc] = set()
+
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid = pid
+        self.popen = popen
+        Proc.live.add(self)
+
+    def kill(self) -> None:
+        pid = self.pid
+        for p in reversed(workload_mod.process_tree(pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid and pid != os.getpgrp():
+                os.killpg(pid, signal.SIGKILL)
+        if self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=30)
+        else:
+            try:
+                os.waitpid(pid, 0)  # restored with --restore-sibling: our child
+            except ChildProcessError:
+                deadline = time.monotonic() + 30
+                while alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        Proc.live.discard(self)
+
+    @classmethod
+    def kill_all(cls) -> None:
+        """Every tree still registered, then whatever else descends from the bench (a CRIU
+        interrupted mid-restore leaves its half-restored tree as the bench's children)."""
+        for proc in list(cls.live):
+            with contextlib.suppress(Exception):
+                proc.kill()
+        for pid in reversed(workload_mod.process_tree(os.getpid())[1:]):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+
+
+class Workload:
+    """``process_workload.py`` holding ``size`` bytes, driven through its ctl/ack files."""
+
+    def __init__(self, root: str, size: int, seed: int) -> None:
+        self.dir = os.path.join(root, "workload")
+        os.makedirs(self.dir)
+        self.size = size
+        self.seed = seed
+        self.ctl = os.path.join(self.dir, "ctl")
+        self.ack = os.path.join(self.dir, "ack")
+        self.stdout = os.path.join(self.dir, "stdout.log")
+        self.stderr = os.path.join(self.dir, "stderr.log")
+        self.argv = [sys.executable, WORKLOAD, "--bytes", str(size), "--dir", self.dir,
+                     "--seed", str(seed)]
+        self.seq = 0
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+        def spawn() -> subprocess.Popen[bytes]:
+            with open(self.stdout, "ab") as out, open(self.stderr, "ab") as err:
+                return subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err, start_new_session=True, cwd=self.dir,
+                                        env=env, preexec_fn=_pdeathsig)
+
+        try:
+            popen = pids_mod.spawn_at(pids_mod.high_pid_base(), spawn)
+        except OSError:
+            popen = spawn()
+        self.proc = Proc(popen.pid, popen)
+        # Filling runs at several hundred MB/s; allow a slow, shared machine plenty.
+        self._wait_ack(0, timeout=60 + self.size / 20e6)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _wait_ack(self, seq: int, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with open(self.ack, encoding="ascii") as f:
+                    words = f.read().split(maxsplit=1)
+                if words and int(words[0]) == seq:
+                    return words[1].strip() if len(words) > 1 else ""
+            except (FileNotFoundError, ValueError):
+                pass
+            if self.proc is None or not alive(self.proc.pid):
+                raise RuntimeError(f"the workload (pid {self.proc and self.proc.pid}) is gone "
+                                   f"before answering command {seq}:\n{tail(self.stderr)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workload did not answer command {seq} within "
+                                   f"{timeout:.0f}s:\n{tail(self.stderr)}")
+            time.sleep(0.005)
+
+    def command(self, text: str) -> str:
+        self.seq += 1
+        write_atomic(self.ctl, f"{self.seq} {text}\n")
+        result = self._wait_ack(self.seq, timeout=60 + self.size / 20e6)
+        if result.startswith("error"):
+            raise RuntimeError(f"workload command {text!r}: {result}")
+        return result
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc = None
+
+    def adopt(self, pid: int) -> None:
+        """The process CRIU restored (a child of the bench)."""
+        self.proc = Proc(pid)
+
+
+# -- the two sides ------------------------------------------------------------------------------
+
+
+class Sides:
+    """Dump / restore, plain CRIU and cairn, for one process tree."""
+
+    def __init__(self, criu: str, root: str, store: Store, key: str) -> None:
+        self.criu = criu
+        self.root = root
+        self.store = store
+        self.attempt = store.open_attempt(Key.parse(key))
+        self.plain_dir: str | None = None
+        self.manifest: Any = None
+        self.count = 0
+
+    def plain_dump(self, pid: int) -> dict[str, Any]:
+        if self.plain_dir is not None:
+            shutil.rmtree(self.plain_dir, ignore_errors=True)
+        self.count += 1
+        self.plain_dir = os.path.join(self.root, f"plain-{self.count}")
+        os.makedirs(self.plain_dir)
+        start = time.perf_counter()
+        criu_mod.dump(self.criu, pid, self.plain_dir, leave_running=True, timeout=600)
+        dumped = time.perf_counter()
+        os.sync()
+        durable = time.perf_counter()
+        stats = read_dump_stats(self.plain_dir)
+        size = image_bytes(self.plain_dir)
+        return {"frozen_us": stats.frozen_us, "freezing_us": stats.freezing_us,
+                "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
+                "dump_s": round(dumped - start, 4), "sync_s": round(durable - dumped, 4),
+                "durable_s": round(durable - start, 4), "image_bytes": size,
+                "bytes_written": size}
+
+    def cairn_dump(self, pid: int, tracked: list[str], compat: dict[str, Any],
+                   tree: list[int]) -> dict[str, Any]:
+        self.count += 1
+        staging = os.path.join(self.root, "staging", f"dump-{self.count}")
+        os.makedirs(staging)
+        try:
+            start = time.perf_counter()
+            criu_mod.dump(self.criu, pid, staging, leave_running=True, timeout=600)
+            dumped = time.perf_counter()
+            report = snap_mod.ingest(self.attempt, staging, tracked_paths=tracked, compat=compat,
+                                     info={"root_pid": pid, "pids": tree, "leave_running": True})
+            durable = time.perf_counter()
+            stats = read_dump_stats(staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.manifest = report.manifest
+        return {"frozen_us": report.frozen_us, "freezing_us": stats.freezing_us,
+                "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
+                "dump_s": round(dumped - start, 4), "ingest_s": round(durable - dumped, 4),
+                "durable_s": round(durable - start, 4), "image_bytes": report.image_bytes,
+                "bytes_written": report.bytes_written, "seq": report.manifest.seq}
+
+    def plain_restore(self) -> tuple[int, float]:
+        assert self.plain_dir is not None
+        pidfile = os.path.join(self.root, "restored.pid")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)
+        start = time.perf_counter()
+        pid = criu_mod.restore(self.criu, self.plain_dir, pidfile=pidfile, timeout=600)
+        return pid, time.perf_counter() - start
+
+    def cairn_restore(self) -> tuple[int, float, float]:
+        dest = os.path.join(self.root, "fetched")
+        pidfile = os.path.join(self.root, "restored.pid")
+        shutil.rmtree(dest, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)
+        try:
+            start = time.perf_counter()
+            snap_mod.fetch(self.store, self.manifest, dest)
+            fetched = time.perf_counter()
+            pid = criu_mod.restore(self.criu, os.path.join(dest, snap_mod.IMAGES),
+                                   pidfile=pidfile, timeout=600)
+            done = time.perf_counter()
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+        return pid, done - start, fetched - start
+
+
+def alternate(first_plain: bool) -> list[str]:
+    return ["plain", "cairn"] if first_plain else ["cairn", "plain"]
+
+
+# -- one size -------------------------------------------------------------------------------------
+
+
+def bench_size(args: argparse.Namespace, criu: str, root: str, size: int, index: int,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    here = os.path.join(root, f"size-{size}")
+    os.makedirs(here)
+    wl = Workload(here, size, seed=index)
+    store = open_store(os.path.join(here, "store"))
+    rounds: list[dict[str, Any]] = []
+    restores: dict[str, list[float]] = {"plain": [], "cairn": []}
+    fetch_s: list[float] = []
+    verified: list[bool] = []
+    try:
+        started = time.perf_counter()
+        wl.start()
+        log(f"{human(size)}: workload pid {wl.pid} ready in {time.perf_counter() - started:.1f}s")
+        compat = compat_mod.current_record(wl.argv, cwd=wl.dir, criu=criu)
+        tracked = [wl.stdout, wl.stderr]
+        sides = Sides(criu, here, store, f"bench/process/{size}")
+        kinds = ["first"] + ["contiguous"] * (args.runs - 1) + ["scattered"]
+        expected = ""
+        for r, kind in enumerate(kinds):
+            changed = 0
+            if kind == "contiguous":
+                changed = int(wl.command(f"contig {FRACTION} {RUN_BYTES}"))
+            elif kind == "scattered":
+                changed = int(wl.command(f"scatter {FRACTION}"))
+            if r == len(kinds) - 1:
+                expected = wl.command("checksum")  # the state both sides dump last
+            order = alternate((r + index) % 2 == 0)
+            row: dict[str, Any] = {"kind": kind, "changed_bytes": changed, "order": order}
+            for side in order:
+                drop_caches()
+                if side == "plain":
+                    row["plain"] = sides.plain_dump(wl.pid)
+                else:
+                    tree = workload_mod.process_tree(wl.pid)
+                    row["cairn"] = sides.cairn_dump(wl.pid, tracked, compat, tree)
+            p, c = row["plain"], row["cairn"]
+            log(f"  round {r} {kind:<10} frozen ms plain {p['frozen_us'] / 1e3:7.1f} cairn "
+                f"{c['frozen_us'] / 1e3:7.1f}; durable s plain {p['durable_s']:6.2f} cairn "
+                f"{c['durable_s']:6.2f}; image {c['image_bytes'] / 1e6:7.1f} MB, cairn wrote "
+                f"{c['bytes_written'] / 1e6:7.1f} MB ({order[0]} first)")
+            rounds.append(row)
+
+        # restore: kill, restore one side's images, check, kill, the other side's
+        wl.kill()
+        for i in range(args.restore_runs):
+            for side in alternate((i + index) % 2 == 0):
+                drop_caches()
+                if side == "plain":
+                    pid, seconds = sides.plain_restore()
+                else:
+                    pid, seconds, fetched = sides.cairn_restore()
+                    fetch_s.append(fetched)
+                wl.adopt(pid)
+                ok = alive(pid) and wl.command("checksum") == expected
+                verified.append(ok)
+                restores[side].append(seconds)
+                log(f"  restore {side:<5} {seconds:6.2f}s pid {pid} "
+                    f"{'verified' if ok else 'CHECKSUM MISMATCH'}")
+                wl.kill()
+    finally:
+        wl.kill()
+        store.close()
+        shutil.rmtree(here, ignore_errors=True)
+    return summarize_size(size, rounds, restores, fetch_s, verified)
+
+
+def med(values: list[float]) -> float | None:
+    return round(statistics.median(values), 4) if values else None
+
+
+def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, list[float]],
+                   fetch_s: list[float], verified: list[bool]) -> dict[str, Any]:
+    frozen = {s: [r[s]["frozen_us"] / 1e3 for r in rounds] for s in ("plain", "cairn")}
+    first = rounds[0]
+    contig = [r for r in rounds if r["kind"] == "contiguous"]
+    scattered = [r for r in rounds if r["kind"] == "scattered"]
+    consecutive = contig  # durable and dump figures: the contiguous case
+    fractions = [r["cairn"]["bytes_written"] / r["cairn"]["image_bytes"] for r in contig]
+    scatter_fractions = [r["cairn"]["bytes_written"] / r["cairn"]["image_bytes"]
+                         for r in scattered]
+    frozen_ratio = statistics.median(frozen["cairn"]) / statistics.median(frozen["plain"])
+
+    def durable(side: str, rows: list[dict[str, Any]]) -> float | None:
+        return med([r[side]["durable_s"] for r in rows])
+
+    return {
+        "size_bytes": size,
+        "label": human(size),
+        "frozen_ratio": round(frozen_ratio, 4),
+        "consecutive_bytes_fraction": round(statistics.median(fractions), 4),
+        "consecutive_bytes_fractions": [round(f, 4) for f in fractions],
+        "scattered_bytes_fraction": round(scatter_fractions[0], 4) if scatter_fractions else None,
+        "frozen_ms": {"plain": round(statistics.median(frozen["plain"]), 2),
+                      "cairn": round(statistics.median(frozen["cairn"]), 2),
+                      "plain_runs": [round(x, 2) for x in frozen["plain"]],
+                      "cairn_runs": [round(x, 2) for x in frozen["cairn"]]},
+        "durable_s": {"plain_first": first["plain"]["durable_s"],
+                      "cairn_first": first["cairn"]["durable_s"],
+                      "plain_consecutive": durable("plain", consecutive),
+                      "cairn_consecutive": durable("cairn", consecutive),
+                      "cairn_dump_consecutive": med([r["cairn"]["dump_s"] for r in consecutive]),
+                      "cairn_ingest_consecutive": med([r["cairn"]["ingest_s"]
+                                                       for r in consecutive]),
+                      "plain_dump_consecutive": med([r["plain"]["dump_s"] for r in consecutive]),
+                      "plain_sync_consecutive": med([r["plain"]["sync_s"] for r in consecutive])},
+        "restore_s": {"plain": med(restores["plain"]), "cairn": med(restores["cairn"]),
+                      "cairn_fetch": med(fetch_s),
+                      "plain_runs": [round(x, 4) for x in restores["plain"]],
+                      "cairn_runs": [round(x, 4) for x in restores["cairn"]]},
+        "restore_verified": bool(verified) and all(verified),
+        "restores_checked": len(verified),
+        "bytes": {"image_first": first["cairn"]["image_bytes"],
+                  "plain_first": first["plain"]["bytes_written"],
+                  "cairn_first": first["cairn"]["bytes_written"],
+                  "image_consecutive": contig[0]["cairn"]["image_bytes"],
+                  "plain_consecutive": contig[0]["plain"]["bytes_written"],
+                  "cairn_consecutive": contig[0]["cairn"]["bytes_written"],
+                  "changed_consecutive": contig[0]["changed_bytes"],
+                  "image_scattered": scattered[0]["cairn"]["image_bytes"] if scattered else None,
+                  "cairn_scattered": scattered[0]["cairn"]["bytes_written"] if scattered else None,
+                  "changed_scattered": scattered[0]["changed_bytes"] if scattered else None},
+        "rounds": rounds,
+    }
+
+
+# -- a real torch training process ---------------------------------------------------------------
+
+
+def bench_torch(args: argparse.Namespace, criu: str, root: str,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    here = os.path.join(root, "torch")
+    os.makedirs(here)
+    metrics = os.path.join(here, "metrics.txt")
+    argv = [sys.executable, TRAINING, "--steps", str(10**9), "--metrics", metrics,
+            "--out", os.path.join(here, "weights.bin"), "--sleep", "0.05"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    stdout, stderr = os.path.join(here, "stdout.log"), os.path.join(here, "stderr.log")
+    store = open_store(os.path.join(here, "store"))
+    proc: Proc | None = None
+    rounds: list[dict[str, Any]] = []
+    try:
+        with open(stdout, "ab") as out, open(stderr, "ab") as err:
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                     start_new_session=True, cwd=here, env=env,
+                                     preexec_fn=_pdeathsig)
+        proc = Proc(popen.pid, popen)
+
+        def steps() -> int:
+            try:
+                with open(metrics, "rb") as f:
+                    return f.read().count(b"\n")
+            except FileNotFoundError:
+                return 0
+
+        deadline = time.monotonic() + 300
+        while steps() < 20:
+            if popen.poll() is not None:
+                raise RuntimeError(f"the training process exited {popen.returncode}:\n"
+                                   f"{tail(stderr)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the training process did not reach 20 steps:\n{tail(stderr)}")
+            time.sleep(0.1)
+        tree = workload_mod.process_tree(proc.pid)
+        tracked = workload_mod.append_files(workload_mod.open_files(tree))
+        compat = compat_mod.current_record(argv, cwd=here, criu=criu)
+        sides = Sides(criu, here, store, "bench/process/torch")
+        log(f"torch: training pid {proc.pid}, {len(tree)} processes, step {steps()}")
+        for r in range(2):
+            if r:
+                time.sleep(args.torch_gap)
+            order = alternate(r % 2 == 0)
+            row: dict[str, Any] = {"kind": "first" if r == 0 else "consecutive",
+                                   "order": order}
+            for side in order:
+                drop_caches()
+                tree = workload_mod.process_tree(proc.pid)
+                row["processes"] = len(tree)
+                row["step"] = steps()
+                if side == "plain":
+                    row["plain"] = sides.plain_dump(proc.pid)
+                else:
+                    row["cairn"] = sides.cairn_dump(proc.pid, tracked, compat, tree)
+            p, c = row["plain"], row["cairn"]
+            log(f"  dump {r}: frozen ms plain {p['frozen_us'] / 1e3:.1f} cairn "
+                f"{c['frozen_us'] / 1e3:.1f}; image {c['image_bytes'] / 1e6:.1f} MB, cairn "
+                f"wrote {c['bytes_written'] / 1e6:.1f} MB")
+            rounds.append(row)
+        if popen.poll() is not None:
+            raise RuntimeError(f"the training process died after the dumps:\n{tail(stderr)}")
+    finally:
+        if proc is not None:
+            proc.kill()
+        store.close()
+        shutil.rmtree(here, ignore_errors=True)
+    first, second = rounds
+    return {
+        "processes": second["processes"],
+        "gap_s": args.torch_gap,
+        "image_first": first["cairn"]["image_bytes"],
+        "cairn_first": first["cairn"]["bytes_written"],
+        "image_consecutive": second["cairn"]["image_bytes"],
+        "cairn_consecutive": second["cairn"]["bytes_written"],
+        "consecutive_bytes_fraction": round(second["cairn"]["bytes_written"]
+                                            / second["cairn"]["image_bytes"], 4),
+        "frozen_ms": {"plain": [r["plain"]["frozen_us"] / 1e3 for r in rounds],
+                      "cairn": [r["cairn"]["frozen_us"] / 1e3 for r in rounds]},
+        "rounds": rounds,
+    }
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
+                 args: argparse.Namespace, cold: bool) -> None:
+    print()
+    print(f"process snapshots: per size {args.runs} dumps per side (first + {args.runs - 1} "
+          f"after 10% changed in 64 KiB runs) + 1 after 10% scattered pages; "
+          f"{args.restore_runs} restore(s) per side; medians")
+    h = (f"{'size':<8} {'frozen ms':>9} {'frozen ms':>9} {'frozen':>6} | {'durable s':>9} "
+         f"{'durable s':>9} {'durable s':>9} {'durable s':>9} | {'restore s':>9} "
+         f"{'restore s':>9} {'verified':>8}")
+    print(h)
+    print(f"{'':<8} {'plain':>9} {'cairn':>9} {'ratio':>6} | {'plain 1st':>9} {'cairn 1st':>9} "
+          f"{'plain con':>9} {'cairn con':>9} | {'plain':>9} {'cairn':>9} {'':>8}")
+    print("-" * len(h))
+    for s in sizes:
+        d, rs = s["durable_s"], s["restore_s"]
+        print(f"{s['label']:<8} {s['frozen_ms']['plain']:>9.1f} {s['frozen_ms']['cairn']:>9.1f} "
+              f"{s['frozen_ratio']:>6.2f} | {d['plain_first']:>9.2f} {d['cairn_first']:>9.2f} "
+              f"{d['plain_consecutive']:>9.2f} {d['cairn_consecutive']:>9.2f} | "
+              f"{rs['plain']:>9.2f} {rs['cairn']:>9.2f} "
+              f"{'yes' if s['restore_verified'] else 'NO':>8}")
+    print()
+    h = (f"{'MB written':<8} {'image':>8} {'plain 1st':>9} {'cairn 1st':>9} | {'plain con':>9} "
+         f"{'cairn con':>9} {'fraction':>8} | {'scattered':>9} {'fraction':>8}")
+    print(h)
+    print("-" * len(h))
+    for s in sizes:
+        b = s["bytes"]
+        print(f"{s['label']:<8} {b['image_first'] / 1e6:>8.1f} {b['plain_first'] / 1e6:>9.1f} "
+              f"{b['cairn_first'] / 1e6:>9.1f} | {b['plain_consecutive'] / 1e6:>9.1f} "
+              f"{b['cairn_consecutive'] / 1e6:>9.1f} {s['consecutive_bytes_fraction']:>8.3f} | "
+              f"{b['cairn_scattered'] / 1e6:>9.1f} {s['scattered_bytes_fraction']:>8.3f}")
+    if torch_out is not None:
+        t = torch_out
+        print(f"{'torch':<8} {t['image_first'] / 1e6:>8.1f} {t['image_first'] / 1e6:>9.1f} "
+              f"{t['cairn_first'] / 1e6:>9.1f} | {t['image_consecutive'] / 1e6:>9.1f} "
+              f"{t['cairn_consecutive'] / 1e6:>9.1f} {t['consecutive_bytes_fraction']:>8.3f} |")
+        print(f"(torch: criu_training.py, {t['processes']} processes, dumps {t['gap_s']:g}s "
+              f"apart; frozen ms plain {'/'.join(f'{x:.0f}' for x in t['frozen_ms']['plain'])}, "
+              f"cairn {'/'.join(f'{x:.0f}' for x in t['frozen_ms']['cairn'])})")
+    if not cold:
+        print("NOTE: could not drop the page cache; restore figures are WARM-CACHE")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=parse_size, nargs="+", default=None,
+                        help="memory sizes of the workload (default 0.5G 1G 2G)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="dumps per side per size before the scattered one: the first + "
+                             "runs-1 consecutive (default 3)")
+    parser.add_argument("--restore-runs", type=int, default=None,
+                        help="restores per side per size (default 2)")
+    parser.add_argument("--torch-gap", type=float, default=None,
+                        help="seconds between the two dumps of the training process (default 3)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch case")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 64M, 2 dumps per side, 1 restore per side, 1 s torch gap")
+    parser.add_argument("--dir", default=None,
+                        help="parent directory for the bench files (default: a temp dir under "
+                             "/var/tmp); a fresh subdirectory is made and removed")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    if args.sizes is None:
+        args.sizes = [64 << 20] if quick else [512 << 20, 1 << 30, 2 << 30]
+    if args.runs is None:
+        args.runs = 2 if quick else 3
+    if args.restore_runs is None:
+        args.restore_runs = 1 if quick else 2
+    if args.torch_gap is None:
+        args.torch_gap = 1.0 if quick else 3.0
+    if args.runs < 2:
+        parser.error("--runs must be at least 2 (a first and a consecutive dump)")
+    if args.restore_runs < 1:
+        parser.error("--restore-runs must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    criu = criu_mod.find_criu()
+    if os.geteuid() != 0 or criu is None:
+        print("process_bench needs root and a criu binary (make criu)", file=sys.stderr)
+        return 2
+    version = criu_mod.criu_version(criu)
+    parent = args.dir or "/var/tmp"
+    os.makedirs(parent, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    need = 5 * max(args.sizes) + (1 << 30)
+    if free < need:
+        print(f"not enough free space in {parent}: {free / 1e9:.1f} GB free, "
+              f"{need / 1e9:.1f} GB needed", file=sys.stderr)
+        return 2
+    # SIGTERM unwinds like Ctrl-C, so every finally below kills what it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    load_start = loadavg()
+    root = tempfile.mkdtemp(prefix="cairn-process-bench-", dir=parent)
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    log(f"bench dir {root}; criu {criu} {'.'.join(map(str, version or ()))}; sizes "
+        f"{', '.join(human(s) for s in args.sizes)}; runs {args.runs}; restore runs "
+        f"{args.restore_runs}; load {load_start}")
+    cold = drop_caches()
+    sizes: list[dict[str, Any]] = []
+    torch_out: dict[str, Any] | None = None
+    torch_note: str | None = None
+    try:
+        for index, size in enumerate(args.sizes):
+            sizes.append(bench_size(args, criu, root, size, index, log))
+        if args.no_torch:
+            torch_note = "skipped (--no-torch)"
+        else:
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                torch_note = "skipped: torch is not installed"
+            else:
+                torch_out = bench_torch(args, criu, root, log)
+        if torch_note:
+            log(f"torch: {torch_note}")
+    finally:
+        Proc.kill_all()
+        shutil.rmtree(root, ignore_errors=True)
+
+    print_tables(sizes, torch_out, args, cold)
+    figures = {
+        "frozen_ratio": max(s["frozen_ratio"] for s in sizes),
+        "consecutive_bytes_fraction": max(s["consecutive_bytes_fraction"] for s in sizes),
+    }
+    targets = {k: {"value": v, "target": TARGETS[k], "met": v <= TARGETS[k]}
+               for k, v in figures.items()}
+    print()
+    print(f"{'target (worst size)':<28} {'value':>7} {'<=':>5}  met")
+    for k, t in targets.items():
+        print(f"{k:<28} {t['value']:>7.3f} {t['target']:>5.2f}  {'yes' if t['met'] else 'NO'}")
+    print()
+    out = {
+        **figures,
+        "targets": targets,
+        "restore_verified": all(s["restore_verified"] for s in sizes),
+        "frozen_ratio_by_size": {s["label"]: s["frozen_ratio"] for s in sizes},
+        "consecutive_bytes_fraction_by_size": {s["label"]: s["consecutive_bytes_fraction"]
+                                               for s in sizes},
+        "scattered_bytes_fraction_by_size": {s["label"]: s["scattered_bytes_fraction"]
+                                             for s in sizes},
+        "torch": torch_out if torch_out is not None else {"skipped": torch_note},
+        "sizes": sizes,
+        "runs": args.runs,
+        "restore_runs": args.restore_runs,
+        "quick": args.quick,
+        "change": {"fraction": FRACTION, "run_bytes": RUN_BYTES},
+        "page_chunk_bytes": PAGE_CHUNK,
+        "criu": ".".join(map(str, version or ())),
+        "cold_cache": cold,
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+    }
+    print(json.dumps(out))
+    return 0 if out["restore_verified"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
