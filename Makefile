@@ -30,8 +30,13 @@ $(CRIU_STAMP): scripts/build_criu.sh
 
 criu: $(CRIU_STAMP)
 
+## test tools: capsh, unshare, gcc + libseccomp-dev for the process-mode privilege tests (root)
+TOOLS_STAMP := .cache/test-tools.installed
+$(TOOLS_STAMP): scripts/install_test_tools.sh
+	bash scripts/install_test_tools.sh && mkdir -p $(@D) && touch $@
+
 ## make test: create the environment and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-fast: skip the tests marked slow

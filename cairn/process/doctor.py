@@ -319,8 +319,9 @@ def check_criu_kernel(path: str | None, result: criu_mod.CriuCheck | None, *, pr
         return Check("criu check", Status.OK, "Looks good")
     tail = " | ".join(result.output.splitlines()[-5:]) or "no output"
     return Check("criu check", _lacking(preflight), f"failed: {tail}",
-                 "run the job as root in a privileged pod (or grant CAP_CHECKPOINT_RESTORE and "
-                 "CAP_SYS_PTRACE), on a kernel with CONFIG_CHECKPOINT_RESTORE; see `criu check --all`")
+                 "run the job as root with the capabilities of ADR 0008 (SYS_ADMIN, SYS_TIME, "
+                 "NET_ADMIN, SYS_PTRACE added to the runtime's defaults) and seccomp Unconfined, on "
+                 "a kernel with CONFIG_CHECKPOINT_RESTORE; see `criu check --all`")
 
 
 def check_kernel(osrelease: str | None, *, preflight: bool) -> Check:
@@ -338,25 +339,31 @@ def check_kernel(osrelease: str | None, *, preflight: bool) -> Check:
     return Check("kernel", Status.OK, release)
 
 
+# Measured on kernel 6.18 with CRIU 4.1.1 run as cairn runs it (ADR 0008): each of these is
+# needed by dump or restore; SETPCAP only without no_new_privs.
+REQUIRED_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SYS_TIME", "CAP_NET_ADMIN", "CAP_SYS_CHROOT",
+                         "CAP_SETPCAP")
+CAPABILITY_FIX = ("add securityContext.capabilities.add: [SYS_ADMIN, SYS_TIME, NET_ADMIN, "
+                  "SYS_PTRACE] (SETPCAP and SYS_CHROOT are in the runtime's defaults), or run "
+                  "privileged; see docs/adr/0008-process-mode-privileges.md")
+
+
 def check_capabilities(status_text: str | None, *, preflight: bool, ptrace_scope: str | None = None) -> Check:
-    """CRIU needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, and CAP_SYS_PTRACE (or Yama scope 0)."""
+    """CRIU as cairn runs it needs :data:`REQUIRED_CAPABILITIES`, and CAP_SYS_PTRACE unless
+    Yama's ptrace_scope is 0 (CRIU is the workload's sibling, not its ancestor)."""
     caps = effective_capabilities(status_text) if status_text is not None else None
     if caps is None:
         return Check("capabilities", Status.WARN, "cannot read CapEff from /proc/self/status")
-    missing = []
-    if not caps & {"CAP_SYS_ADMIN", "CAP_CHECKPOINT_RESTORE"}:
-        missing.append("CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN)")
-    if "CAP_SYS_PTRACE" not in caps and (ptrace_scope or "").strip() != "0":
+    missing = [c for c in REQUIRED_CAPABILITIES if c not in caps]
+    if "CAP_SYS_PTRACE" not in caps and (ptrace_scope or "0").strip() != "0":
         missing.append("CAP_SYS_PTRACE")
-    useful_missing = [c for c in USEFUL_CAPABILITIES if c not in caps]
-    key = ("CAP_SYS_ADMIN", "CAP_CHECKPOINT_RESTORE", "CAP_SYS_PTRACE") + USEFUL_CAPABILITIES
-    present = [c for c in key if c in caps]
+    useful_missing = [c for c in USEFUL_CAPABILITIES if c not in caps and c not in missing]
+    key = REQUIRED_CAPABILITIES + ("CAP_SYS_PTRACE", "CAP_CHECKPOINT_RESTORE") + USEFUL_CAPABILITIES
+    present = [c for c in dict.fromkeys(key) if c in caps]
     detail = f"{len(caps)} effective; present: {', '.join(present) or 'none of those CRIU uses'}"
     if missing:
         return Check("capabilities", _lacking(preflight),
-                     f"{detail}; missing required: {', '.join(missing)}",
-                     "add securityContext.capabilities.add: [CHECKPOINT_RESTORE, SYS_PTRACE] "
-                     "(or SYS_ADMIN), or run privileged")
+                     f"{detail}; missing required: {', '.join(missing)}", CAPABILITY_FIX)
     if useful_missing:
         return Check("capabilities", Status.WARN,
                      f"{detail}; missing (limits what can be checkpointed): {', '.join(useful_missing)}",
@@ -377,8 +384,9 @@ def check_seccomp(status_text: str | None, *, preflight: bool) -> Check:
     filters = status_field(status_text or "", "Seccomp_filters")
     more = f" ({filters} filters)" if filters else ""
     return Check("seccomp", _lacking(preflight),
-                 f"mode {mode.value} ({mode.name.lower()}){more}: it can block the syscalls CRIU "
-                 "uses (ptrace, process_vm_readv, clone3 with set_tid)", _SECCOMP_FIX)
+                 f"mode {mode.value} ({mode.name.lower()}){more}: CRIU cannot suspend the "
+                 "workload's filters from under a filter of its own, whatever it allows "
+                 "(measured, ADR 0008)", _SECCOMP_FIX)
 
 
 def check_ns_last_pid(error: str | None, caps: frozenset[str] | None, *, preflight: bool) -> Check:

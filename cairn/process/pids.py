@@ -11,6 +11,8 @@ workload's next children would get low PIDs and the next snapshot would collide)
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import os
 import random
@@ -22,6 +24,45 @@ NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 PID_MAX = "/proc/sys/kernel/pid_max"
 
 T = TypeVar("T")
+
+CLONE_NEWNS = 0x00020000
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+_KEPT_FLAGS = 2 | 4 | 8 | 1024 | 2048  # nosuid, nodev, noexec, noatime, nodiratime
+
+
+def make_cursor_writable() -> str | None:
+    """Containers mount ``/proc/sys`` read-only, which stops ``ns_last_pid`` writes whatever
+    the capabilities (measured, ADR 0008). With CAP_SYS_ADMIN, give this process a private
+    mount namespace (propagation private, so nothing leaks to the host's or the pod's mounts)
+    in which ``/proc/sys`` is remounted writable. The workload started afterwards shares that
+    namespace. Call before any thread starts (``unshare(CLONE_NEWNS)`` refuses threads).
+
+    Returns a sentence saying what was done, or None when nothing was needed. Raises OSError
+    when it was needed and failed.
+    """
+    try:
+        os.close(os.open(NS_LAST_PID, os.O_WRONLY))
+        return None
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            return None  # missing or not permitted: the caller falls back and says why
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    kept = os.statvfs("/proc/sys").f_flag & _KEPT_FLAGS
+    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    check(libc.mount(b"none", b"/proc/sys", None, MS_REMOUNT | MS_BIND | kept, None),
+          "mount -o remount,bind,rw /proc/sys")
+    return ("/proc/sys was read-only: remounted writable in a private mount namespace of the "
+            "supervisor and its workload")
 
 
 def pid_max() -> int:

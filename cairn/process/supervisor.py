@@ -232,6 +232,13 @@ class Supervisor:
         if threading.current_thread() is not threading.main_thread():
             raise ConfigError("Supervisor.run() must be called from the main thread")
         s = self.settings
+        try:
+            done = pids_mod.make_cursor_writable()
+            if done:
+                log.warning("%s", done)
+        except OSError as e:
+            log.warning("cannot make /proc/sys writable (%s); the workload will start at a low "
+                        "PID that a restore in a fresh container may find taken", e)
         if s.preflight:
             from cairn.process.doctor import run_doctor
 

@@ -329,3 +329,16 @@ def test_restore_in_a_fresh_pid_namespace_with_a_decoy_on_low_pids(place: dict[s
                  "the restored workload to make progress")
     finally:
         second.kill()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+def test_read_only_proc_sys_is_made_writable_for_the_workload_only(place: dict[str, Path]) -> None:
+    """Containers mount /proc/sys read-only; the supervisor remounts it writable in a private
+    mount namespace so the workload still starts at a high PID."""
+    read_only = ("mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && "
+                 "exec \"$@\"")
+    run = _counter(place, 40, prefix=["unshare", "--mount", "sh", "-c", read_only, "sh"])
+    assert run.wait() == 0, run.stderr
+    assert "remounted writable in a private mount namespace" in run.stderr, run.stderr
+    child = run.child_pid()
+    assert child is not None and child >= pid_max() // 2, run.stderr
