@@ -1,0 +1,136 @@
+"""The ``cairn`` connection type: which store a task's snapshots go to.
+
+A connection (``cairn_default`` unless a task names another) gives the store URL in its
+``host`` or in the extra ``store_url`` (a directory, ``file://`` or ``gs://BUCKET/PREFIX``),
+and optionally ``gcs_keyfile_path``, a service-account key file on the worker. Only those
+extras are read; any other extra is ignored with a warning (secrets put there are never used).
+
+With no ``cairn_default`` connection at all, the store is a local directory,
+``$AIRFLOW_HOME/cairn-store`` (``~/airflow/cairn-store`` when ``AIRFLOW_HOME`` is unset): right
+for one machine and ``dag.test()``; a cluster whose workers do not share a disk needs a
+connection naming a shared store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from cairn.exceptions import ConfigError
+
+DEFAULT_CONN_ID = "cairn_default"
+ALLOWED_EXTRAS = frozenset({"store_url", "gcs_keyfile_path"})
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where snapshots go. ``env``: variables the task process and its children need for the
+    store (``GOOGLE_APPLICATION_CREDENTIALS``); ``source``: where the URL came from."""
+
+    url: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
+
+
+def default_store_url() -> str:
+    """The store used when no ``cairn_default`` connection exists."""
+    home = os.environ.get("AIRFLOW_HOME") or os.path.join("~", "airflow")
+    return os.path.join(os.path.abspath(os.path.expanduser(home)), "cairn-store")
+
+
+def _extra(extras: Mapping[str, Any], name: str) -> str | None:
+    # The connection form may store a declared field as extra__cairn__NAME.
+    value = extras.get(name, extras.get(f"extra__cairn__{name}"))
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"cairn connection extra {name!r} must be text, got {value!r}")
+    return value.strip() or None
+
+
+def store_config_from_connection(conn: Any) -> StoreConfig:
+    """The store a ``cairn`` connection names. Raises ConfigError when it names none, or two."""
+    extras: Mapping[str, Any] = conn.extra_dejson or {}
+    ignored = sorted(k for k in extras if k.removeprefix("extra__cairn__") not in ALLOWED_EXTRAS)
+    if ignored:
+        log.warning("connection %r: ignoring extras %s (cairn reads only %s)", conn.conn_id,
+                    ignored, sorted(ALLOWED_EXTRAS))
+    from_extra = _extra(extras, "store_url")
+    from_host = (conn.host or "").strip() or None
+    if from_extra and from_host and from_extra != from_host:
+        raise ConfigError(f"connection {conn.conn_id!r} names two stores (host {from_host!r}, "
+                          f"extra store_url {from_extra!r}); keep one")
+    url = from_extra or from_host
+    if not url:
+        raise ConfigError(f"connection {conn.conn_id!r} names no store: set its host or the "
+                          "extra store_url to a directory or gs://BUCKET/PREFIX")
+    env = {}
+    keyfile = _extra(extras, "gcs_keyfile_path")
+    if keyfile:
+        if not url.startswith("gs://"):
+            raise ConfigError(f"connection {conn.conn_id!r}: gcs_keyfile_path is set but the "
+                              f"store {url!r} is not on GCS")
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = keyfile
+    return StoreConfig(url=url, env=env, source=f"connection {conn.conn_id!r}")
+
+
+class CairnHook(BaseHook):
+    """Resolves a ``cairn`` connection into a :class:`StoreConfig`.
+
+    ``CairnHook().store_config()`` reads ``cairn_default``; when that connection does not exist
+    it falls back to :func:`default_store_url`. A connection id given explicitly must exist.
+    """
+
+    conn_name_attr = "cairn_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "cairn"
+    hook_name = "cairn store"
+
+    def __init__(self, cairn_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cairn_conn_id = cairn_conn_id
+
+    def get_conn(self) -> StoreConfig:
+        return self.store_config()
+
+    def store_config(self) -> StoreConfig:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            conn = self.get_connection(self.cairn_conn_id)
+        except AirflowNotFoundException:
+            if self.cairn_conn_id != DEFAULT_CONN_ID:
+                raise
+            url = default_store_url()
+            self.log.info("no %r connection: using the local store %s", DEFAULT_CONN_ID, url)
+            return StoreConfig(url=url, source="default (no cairn_default connection)")
+        return store_config_from_connection(conn)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Open the store read-only (it must already exist); the UI's "Test" button."""
+        from cairn.exceptions import CairnError
+        from cairn.store import open_store
+
+        try:
+            config = self.store_config()
+            previous = {k: os.environ.get(k) for k in config.env}
+            os.environ.update(config.env)
+            try:
+                with open_store(config.url, create=False):
+                    pass
+            finally:
+                for k, v in previous.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        except (CairnError, OSError) as e:
+            return False, str(e)
+        return True, f"cairn store {config.url} is reachable"

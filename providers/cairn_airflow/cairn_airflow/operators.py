@@ -1,0 +1,274 @@
+"""``CairnPythonOperator``: a PythonOperator whose callable gets a cairn Checkpointer.
+
+Contract of one try (``execute``):
+
+- the key is ``(dag_id, task_id, run_id, map_index)`` of the task instance (``map_index`` is
+  ``-1`` for an unmapped task), never the try number, so every try of a task instance resumes
+  the same work;
+- the store comes from ``store_url=``, else from the connection ``cairn_conn_id``
+  (``cairn_default``; see :mod:`cairn_airflow.hooks`, which falls back to
+  ``$AIRFLOW_HOME/cairn-store`` when ``cairn_default`` does not exist);
+- ``CAIRN_STORE``, ``CAIRN_KEY`` (and ``CAIRN_EVERY_STEPS``/``CAIRN_EVERY_SECONDS`` when set)
+  are in ``os.environ`` while the callable runs, so a subprocess can use
+  ``Checkpointer.from_env()``; the previous environment is restored afterwards;
+- the callable's parameter named ``ckpt`` (or annotated ``Checkpointer``) receives a
+  :class:`cairn.state.Checkpointer`; torch is imported only then, at run time;
+- on success the key is marked done and its snapshots dropped (``keep_snapshots=True``
+  keeps them); the Checkpointer is always closed;
+- the XCom ``return_value`` is what the callable returned; the XCom ``cairn`` holds the
+  snapshot metadata (key, store, seq, step, resumed_from, resumed_step, try_number, done),
+  pushed on failure too;
+- ``Preempted`` (and every other error) propagates, so the task fails and Airflow retries it;
+  the retry resumes from the last committed snapshot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.providers.standard.operators.python import PythonOperator
+
+from cairn.exceptions import ConfigError
+from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+
+log = logging.getLogger(__name__)
+
+CKPT_PARAMETER = "ckpt"
+XCOM_KEY = "cairn"
+_HIDDEN_ATTR = "_cairn_ckpt_parameter"
+
+
+def _names_checkpointer(annotation: Any) -> bool:
+    """Whether a parameter annotation names cairn's Checkpointer (without importing it)."""
+    if annotation is inspect.Parameter.empty:
+        return False
+    if isinstance(annotation, str):
+        parts = re.split(r"[|\[\],]", annotation.strip().strip("'\""))
+        return any(part.strip().rsplit(".", 1)[-1] == "Checkpointer" for part in parts)
+    if getattr(annotation, "__name__", None) == "Checkpointer":
+        return str(getattr(annotation, "__module__", "")).startswith("cairn")
+    return any(_names_checkpointer(a) for a in getattr(annotation, "__args__", ()) or ())
+
+
+def checkpointer_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name of ``fn``'s parameter that receives the Checkpointer: one named ``ckpt`` or
+    annotated ``Checkpointer``; None if it has none. Raises ConfigError if two qualify or the
+    parameter cannot be passed by keyword."""
+    hidden = getattr(fn, _HIDDEN_ATTR, None)
+    if hidden is not None:
+        return hidden
+    found = [p for p in inspect.signature(fn).parameters.values()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+             and (p.name == CKPT_PARAMETER or _names_checkpointer(p.annotation))]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ConfigError(f"{fn.__name__}: parameters {[p.name for p in found]} all ask for the "
+                          "cairn Checkpointer; keep one")
+    if found[0].kind is inspect.Parameter.POSITIONAL_ONLY:
+        raise ConfigError(f"{fn.__name__}: the Checkpointer parameter {found[0].name!r} is "
+                          "positional-only; cairn passes it by keyword")
+    return found[0].name
+
+
+def hide_checkpointer(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its Checkpointer parameter removed from the signature Airflow binds and maps
+    at parse time; calling it passes everything through (the operator adds the Checkpointer)."""
+    name = checkpointer_parameter(fn)
+    if name is None or getattr(fn, _HIDDEN_ATTR, None) is not None:
+        return fn
+    import functools
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[p for p in signature.parameters.values() if p.name != name])
+    setattr(call, _HIDDEN_ATTR, name)
+    return call
+
+
+def task_key(context: Mapping[str, Any]) -> Any:
+    """The cairn key of the running task instance: ``(dag_id, task_id, run_id, map_index)``."""
+    from cairn.store import Key
+
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", None)
+    return Key((ti.dag_id, ti.task_id, ti.run_id, str(-1 if map_index is None else map_index)))
+
+
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class CairnPythonOperator(PythonOperator):
+    """Runs ``python_callable`` with a cairn Checkpointer for this task instance's key (see the
+    module docstring for the contract of one try).
+
+    :param every_steps: snapshot every this many steps (``Checkpointer(every_steps=)``).
+    :param every_seconds: snapshot at most this many seconds apart.
+    :param keep_snapshots: on success, keep the snapshots instead of marking the key done.
+    :param cairn_conn_id: the ``cairn`` connection naming the store.
+    :param store_url: the store, overriding the connection.
+    :param checkpointer_options: more keyword arguments for ``Checkpointer`` (``preemption=``,
+        ``persist=``, ``when_busy=``, ...).
+    """
+
+    ui_color = "#d8c8a8"
+
+    def __init__(self, *, python_callable: Callable[..., Any], every_steps: int | None = None,
+                 every_seconds: float | None = None, keep_snapshots: bool = False,
+                 cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
+                 checkpointer_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(python_callable=python_callable, **kwargs)
+        if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
+            raise ConfigError("every_steps must be an integer of at least 1")
+        if every_seconds is not None and every_seconds <= 0:
+            raise ConfigError("every_seconds must be positive")
+        options = dict(checkpointer_options or {})
+        clash = {"store", "key", "every_steps", "every_seconds"} & set(options)
+        if clash:
+            raise ConfigError(f"checkpointer_options must not set {sorted(clash)}: the operator "
+                              "sets the store and key; use its every_steps/every_seconds")
+        self.ckpt_parameter = checkpointer_parameter(python_callable)
+        if self.ckpt_parameter is not None and self.ckpt_parameter in (self.op_kwargs or {}):
+            raise ConfigError(f"op_kwargs must not set {self.ckpt_parameter!r}: cairn passes the "
+                              "Checkpointer there")
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.keep_snapshots = keep_snapshots
+        self.cairn_conn_id = cairn_conn_id
+        self.store_url = store_url
+        self.checkpointer_options = options
+        self._cairn_ckpt: Any = None
+
+    def store_config(self) -> StoreConfig:
+        if self.store_url:
+            return StoreConfig(url=self.store_url, source="the operator's store_url")
+        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+
+    def cairn_env(self, config: StoreConfig, key: Any) -> dict[str, str]:
+        """The variables a subprocess needs for ``Checkpointer.from_env()``."""
+        env = {"CAIRN_STORE": config.url, "CAIRN_KEY": str(key), **config.env}
+        if self.every_steps is not None:
+            env["CAIRN_EVERY_STEPS"] = str(self.every_steps)
+        if self.every_seconds is not None:
+            env["CAIRN_EVERY_SECONDS"] = str(self.every_seconds)
+        return env
+
+    def execute(self, context: Any) -> Any:
+        key = task_key(context)
+        config = self.store_config()
+        log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
+        with _environ(self.cairn_env(config, key)):
+            ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key)
+            try:
+                result = super().execute(context)
+            except BaseException as error:
+                self._close_after(ckpt, error)
+                self._push_metadata(context, ckpt, config.url, key, done=False)
+                raise
+            finally:
+                self._cairn_ckpt = None
+            try:
+                if not self.keep_snapshots:
+                    self._finish(ckpt, config.url, key)
+            except BaseException as error:
+                self._close_after(ckpt, error)
+                raise
+            if ckpt is not None:
+                ckpt.close()  # raises if the last snapshot was not committed
+            self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots)
+        return result
+
+    def execute_callable(self) -> Any:
+        if self.ckpt_parameter is not None:
+            self.op_kwargs = {**self.op_kwargs, self.ckpt_parameter: self._cairn_ckpt}
+        return super().execute_callable()
+
+    def _new_checkpointer(self, url: str, key: Any) -> Any:
+        """A Checkpointer when the callable asks for one (this imports torch), else None."""
+        if self.ckpt_parameter is None:
+            return None
+        from cairn.state.checkpointer import Checkpointer
+
+        options = dict(self.checkpointer_options)
+        if self.every_steps is not None:
+            options["every_steps"] = self.every_steps
+        if self.every_seconds is not None:
+            options["every_seconds"] = self.every_seconds
+        return Checkpointer(store=url, key=key, **options)
+
+    @staticmethod
+    def _close_after(ckpt: Any, error: BaseException) -> None:
+        if ckpt is None:
+            return
+        from cairn.exceptions import Preempted
+
+        if isinstance(error, Preempted):
+            log.warning("cairn: preempted (%s); the retry resumes from the last committed "
+                        "snapshot", error)
+        try:
+            ckpt.close()
+        except Exception as e:  # noqa: BLE001 - the callable's error is the one to raise
+            log.error("cairn: closing the Checkpointer after %s failed: %s",
+                      type(error).__name__, e)
+
+    def _finish(self, ckpt: Any, url: str, key: Any) -> None:
+        """Mark the key done: through the Checkpointer if it was restored, else directly in the
+        store when someone (a subprocess) wrote to the key."""
+        if ckpt is not None and _restored(ckpt):
+            ckpt.finish()
+            return
+        from cairn.store import open_store
+        from cairn.store.slotlog import RecordKind
+
+        with open_store(url) as store:
+            history = store.history(key)
+            if history and history[-1].kind is not RecordKind.DONE:
+                store.open_attempt(key, note={"mode": "airflow-finish"}).finish()
+
+    def _push_metadata(self, context: Any, ckpt: Any, url: str, key: Any, *, done: bool) -> None:
+        meta = snapshot_metadata(ckpt, url, key, done=done)
+        ti = context["ti"]
+        meta["try_number"] = getattr(ti, "try_number", None)
+        try:
+            ti.xcom_push(key=XCOM_KEY, value=meta)
+        except Exception as e:  # noqa: BLE001 - metadata must never fail the task
+            log.warning("cairn: could not push the %r XCom: %s", XCOM_KEY, e)
+
+
+def _restored(ckpt: Any) -> bool:
+    """Whether ``ckpt.restore()`` was called (the Checkpointer has an open attempt)."""
+    return getattr(ckpt, "_attempt", None) is not None
+
+
+def snapshot_metadata(ckpt: Any, url: str, key: Any, *, done: bool) -> dict[str, Any]:
+    """The ``cairn`` XCom: what this try committed and what it resumed from."""
+    meta: dict[str, Any] = {"key": str(key), "store": url, "seq": None, "step": None,
+                            "resumed_from": None, "resumed_step": None, "done": done}
+    if ckpt is not None:
+        restored = getattr(ckpt, "restored_from", None)
+        meta.update(seq=ckpt.committed_seq, step=ckpt.committed_step,
+                    resumed_from=restored.seq if restored is not None else None,
+                    resumed_step=restored.step if restored is not None else None)
+    return meta

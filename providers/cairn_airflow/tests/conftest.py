@@ -1,0 +1,121 @@
+"""An Airflow 3 home for the provider's tests: a temporary AIRFLOW_HOME with SQLite.
+
+The environment is set when this module is imported, before any test imports Airflow (which
+reads its configuration once, at import). ``airflow db migrate`` runs once per session, in a
+subprocess, and only for the tests that ask for ``airflow_db``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+DAGS = REPO / "dags"
+
+_HOME = Path(tempfile.mkdtemp(prefix="cairn-airflow-home-"))
+(_HOME / "dags").mkdir()
+os.environ.update({
+    "AIRFLOW_HOME": str(_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(_HOME / "dags"),  # empty: dag.test() re-parses it each run
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME}/airflow.db",
+    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+})
+for _name in [n for n in os.environ if n.startswith("AIRFLOW_CONN_") or n.startswith("CAIRN_")]:
+    del os.environ[_name]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    return _HOME
+
+
+@pytest.fixture(scope="session")
+def airflow_db(airflow_home: Path) -> Path:
+    """The migrated metadata DB (``airflow db migrate``, once per session)."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=os.environ.copy(),
+                            capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    print(f"airflow db migrate: {time.monotonic() - started:.1f}s")
+    return airflow_home / "airflow.db"
+
+
+@pytest.fixture()
+def cairn_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh local store, named by the ``cairn_default`` connection (an env connection)."""
+    store = tmp_path / "cairn-store"
+    monkeypatch.setenv("AIRFLOW_CONN_CAIRN_DEFAULT",
+                       f'{{"conn_type": "cairn", "extra": {{"store_url": "{store}"}}}}')
+    return store
+
+
+class AirflowRunner:
+    """Runs DAGs built in tests with ``dag.test()`` and reads back what they left."""
+
+    def sync(self, dag: Any) -> None:
+        """Write a DAG built in a test to the metadata DB (what the dag-processor does for a
+        DAG file), so that ``dag.test()`` finds its serialized version."""
+        from airflow.dag_processing.bundles.manager import DagBundlesManager
+        from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+        from airflow.serialization.serialized_objects import LazyDeserializedDAG
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            DagBundlesManager().sync_bundles_to_db(session=session)
+            session.flush()
+            update_dag_parsing_results_in_db("dags-folder", None,
+                                             [LazyDeserializedDAG.from_dag(dag)], {}, None, set(),
+                                             session=session)
+
+    def run(self, dag: Any, **kwargs: Any) -> Any:
+        """``dag.test()`` after syncing the DAG; returns the finished DagRun."""
+        self.sync(dag)
+        return dag.test(**kwargs)
+
+    def task_instances(self, dag_run: Any) -> dict[str, Any]:
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            return {ti.task_id: ti for ti in dag_run.get_task_instances(session=session)}
+
+    def xcom(self, dag_run: Any, task_id: str, key: str = "return_value") -> Any:
+        from airflow.models.xcom import XComModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id,
+                                                     task_ids=task_id, key=key)).first()
+            return None if row is None else XComModel.deserialize_value(row)
+
+
+@pytest.fixture()
+def airflow(airflow_db: Path) -> AirflowRunner:
+    return AirflowRunner()
+
+
+@pytest.fixture()
+def one_thread() -> Iterator[None]:
+    """Keep torch to one thread in the test process (the machine's cores are shared)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
