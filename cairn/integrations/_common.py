@@ -1,0 +1,53 @@
+"""What the framework integrations share: building the Checkpointer, closing it on the way out."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cairn.exceptions import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def missing(library: str, extra: str, error: ImportError) -> ImportError:
+    """The ImportError an integration raises when its framework is not installed."""
+    return ImportError(f"{library} is not installed (import failed: {error}); "
+                       f"install it with: pip install 'cairn[{extra}]'")
+
+
+def make_checkpointer(*, checkpointer: Any, store: Any, key: Any, options: dict[str, Any]) -> Any:
+    """``checkpointer`` as given, else ``Checkpointer(store=, key=, **options)``, else
+    ``Checkpointer.from_env(**options)`` (``CAIRN_STORE``, ``CAIRN_KEY``)."""
+    from cairn.state.checkpointer import Checkpointer
+
+    if checkpointer is not None:
+        if store is not None or key is not None or options:
+            raise ConfigError("pass checkpointer= or store=/key= and options, not both")
+        return checkpointer
+    if (store is None) != (key is None):
+        raise ConfigError("pass both store= and key=, or neither (then CAIRN_STORE and CAIRN_KEY "
+                          "are read)")
+    if store is None:
+        return Checkpointer.from_env(**options)
+    return Checkpointer(store=store, key=key, **options)
+
+
+def checkpointer_options(*, every_steps: int | None, every_seconds: float | None,
+                         options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for Checkpointer: only what the caller set, so that from_env's
+    ``CAIRN_EVERY_STEPS``/``CAIRN_EVERY_SECONDS`` still apply to the rest."""
+    merged = dict(options)
+    if every_steps is not None:
+        merged["every_steps"] = every_steps
+    if every_seconds is not None:
+        merged["every_seconds"] = every_seconds
+    return merged
+
+
+def close_quietly(checkpointer: Any, reason: BaseException) -> None:
+    """Close after a failure: wait for what was staged, but never mask ``reason``."""
+    try:
+        checkpointer.close()
+    except Exception as e:  # noqa: BLE001 - the training error is the one to propagate
+        log.error("closing the cairn Checkpointer after %s failed: %s", type(reason).__name__, e)

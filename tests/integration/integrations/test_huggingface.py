@@ -1,0 +1,145 @@
+"""cairn.integrations.huggingface end to end: a transformers Trainer run (one-layer GPT-2,
+random tokens, dropout, AdamW, linear warmup schedule) SIGKILLed after a snapshot resumes at
+the snapshot's global step (mid-epoch, or at an epoch boundary with gradient accumulation),
+with the dataloader fast-forwarded by transformers itself, and ends bit-identical to an
+uninterrupted run: the same loss at every step after the resume point, the same weights."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+KEY = "dag/train/run-1/0"
+EPOCHS = 3
+BATCHES_PER_EPOCH = 12  # 96 sequences, batches of 8
+
+
+def train(store: Path, out: Path, *extra: str, epochs: int = EPOCHS) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.hf_training", str(store), KEY, str(out),
+         "--epochs", str(epochs), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> list[str]:
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a hung run must not outlive the test
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, out[-2000:]
+    return [line for line in out.splitlines() if not line.startswith("{")]  # transformers' logs
+
+
+def kill_after(proc: subprocess.Popen[str], line: str) -> list[str]:
+    assert proc.stdout is not None
+    seen = []
+    for got in proc.stdout:
+        seen.append(got.strip())
+        if got.strip() == line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    seen += [got.strip() for got in proc.stdout]
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, seen[-5:]
+    return seen
+
+
+def losses(lines: list[str]) -> dict[int, str]:
+    return {int(m[1]): m[2] for line in lines if (m := re.match(r"loss (\d+) (\S+)", line))}
+
+
+def same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    want, got = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "committed", "steps_per_epoch"), [
+    pytest.param(["--every", "5"], 14, BATCHES_PER_EPOCH, id="mid-epoch"),
+    pytest.param(["--every", "6", "--accumulate", "2"], 5, BATCHES_PER_EPOCH // 2,
+                 id="epoch-boundary-accumulating"),
+])
+def test_killed_training_resumes_at_the_snapshot_bit_identical(
+        tmp_path: Path, options: list[str], committed: int, steps_per_epoch: int) -> None:
+    pytest.importorskip("transformers")
+    total = EPOCHS * steps_per_epoch
+    reference = train(tmp_path / "ref-store", tmp_path / "ref.pt", *options)
+    victim = train(tmp_path / "store", tmp_path / "out.pt", *options)
+    seen = kill_after(victim, f"committed {committed}")
+    ref_losses = losses(finish(reference))
+    assert sorted(ref_losses) == list(range(total))
+    assert not (tmp_path / "out.pt").exists()
+    last_staged = max(int(line.split()[1]) for line in seen if line.startswith("saved "))
+
+    lines = finish(train(tmp_path / "store", tmp_path / "out.pt", *options))
+    start = int(lines[0].split()[1])
+    # The writer process outlives the trainer and may still commit what was staged last.
+    assert committed + 1 <= start <= last_staged + 1, (start, last_staged)
+    if "--accumulate" in options:
+        assert start % steps_per_epoch == 0, "meant to resume at an epoch boundary"
+    else:
+        assert start % steps_per_epoch != 0, "meant to resume mid-epoch"
+    after = losses(lines)
+    assert sorted(after) == list(range(start, total)), "steps were skipped or trained twice"
+    assert after == {s: ref_losses[s] for s in after}, "the resumed run diverged"
+    assert lines[-1] == f"end {total}"
+    same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
+
+
+@pytest.mark.slow
+def test_a_finished_training_is_not_trained_again(tmp_path: Path) -> None:
+    """The last snapshot holds the finished state: a retry after training (the task failed
+    later) trains nothing and keeps the weights."""
+    pytest.importorskip("transformers")
+    first = finish(train(tmp_path / "store", tmp_path / "first.pt", "--every", "5", epochs=1))
+    assert first[0] == "start 0" and first[-1] == f"end {BATCHES_PER_EPOCH}"
+    again = finish(train(tmp_path / "store", tmp_path / "again.pt", "--every", "5", epochs=1))
+    assert again[0] == f"start {BATCHES_PER_EPOCH}" and not losses(again)
+    same_weights(tmp_path / "first.pt", tmp_path / "again.pt")
+
+
+def test_the_callback_alone_refuses_to_train(tmp_path: Path) -> None:
+    """trainer.train() cannot skip what a snapshot already trained: the callback says to use
+    cairn.integrations.huggingface.train instead of resuming wrongly."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from cairn.exceptions import ConfigError
+    from cairn.integrations.huggingface import CairnCallback
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": (self.linear(x) - labels).pow(2).mean()}
+
+    data = [{"x": torch.randn(2), "labels": torch.randn(1)} for _ in range(4)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=True, max_steps=2)
+    callback = CairnCallback(store=str(tmp_path / "store"), key=KEY, every_steps=1)
+    trainer = Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback])
+    with pytest.raises(ConfigError, match="cairn.integrations.huggingface.train"):
+        trainer.train()
+
+
+def test_without_transformers_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # a None entry makes the import fail
+    monkeypatch.delitem(sys.modules, "cairn.integrations.huggingface", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'cairn\[huggingface\]'"):
+        importlib.import_module("cairn.integrations.huggingface")

@@ -1,0 +1,178 @@
+"""CairnCheckpoint end to end: a Lightning fit SIGKILLed after a snapshot resumes at the
+snapshot's global step (mid-epoch, or at an epoch boundary with gradient accumulation and a
+loader that seeds from the global RNG) and ends bit-identical to an uninterrupted fit: the
+same loss at every step after the resume point, the same final weights."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+KEY = "dag/train/run-1/0"
+MAX_STEPS = 40
+
+
+def fit(store: Path, out: Path, *extra: str, max_steps: int = MAX_STEPS) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.lightning_training", str(store), KEY, str(out),
+         "--max-steps", str(max_steps), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> list[str]:
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a hung run must not outlive the test
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, out[-2000:]
+    return out.splitlines()
+
+
+def kill_after(proc: subprocess.Popen[str], line: str) -> list[str]:
+    assert proc.stdout is not None
+    seen = []
+    for got in proc.stdout:
+        seen.append(got.strip())
+        if got.strip() == line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    seen += [got.strip() for got in proc.stdout]
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, seen[-5:]
+    return seen
+
+
+def losses(lines: list[str]) -> dict[int, str]:
+    return {int(m[1]): m[2] for line in lines if (m := re.match(r"loss (\d+) (\S+)", line))}
+
+
+def same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    want, got = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "committed", "steps_per_epoch"), [
+    pytest.param(["--every", "5"], 19, 16, id="mid-epoch"),
+    pytest.param(["--every", "8", "--accumulate", "2", "--global-rng-loader"], 15, 8,
+                 id="epoch-boundary-accumulating-global-rng-loader"),
+])
+def test_killed_fit_resumes_at_the_snapshot_bit_identical(
+        tmp_path: Path, options: list[str], committed: int, steps_per_epoch: int) -> None:
+    pytest.importorskip("lightning.pytorch")
+    reference = fit(tmp_path / "ref-store", tmp_path / "ref.pt", *options)
+    victim = fit(tmp_path / "store", tmp_path / "out.pt", *options)
+    seen = kill_after(victim, f"committed {committed}")
+    ref_lines = finish(reference)
+    ref_losses = losses(ref_lines)
+    assert sorted(ref_losses) == list(range(MAX_STEPS))
+    assert not (tmp_path / "out.pt").exists()
+    last_staged = max(int(line.split()[1]) for line in seen if line.startswith("saved "))
+
+    lines = finish(fit(tmp_path / "store", tmp_path / "out.pt", *options))
+    _, step, epoch = lines[0].split()
+    start = int(step)
+    # The writer process outlives the trainer and may still commit what was staged last.
+    assert committed + 1 <= start <= last_staged + 1, (start, last_staged)
+    assert int(epoch) == start // steps_per_epoch  # Lightning's loop continues, not restarts
+    if "--accumulate" not in options:
+        assert start % steps_per_epoch != 0, "meant to resume mid-epoch"
+    else:
+        assert start % steps_per_epoch == 0, "meant to resume at an epoch boundary"
+    after = losses(lines)
+    assert sorted(after) == list(range(start, MAX_STEPS))
+    assert after == {s: ref_losses[s] for s in after}, "the resumed fit diverged"
+    assert lines[-1] == f"end {MAX_STEPS}"
+    same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
+
+
+@pytest.mark.slow
+def test_a_finished_fit_is_not_trained_again(tmp_path: Path) -> None:
+    """The last snapshot holds the finished loops: a retry after fit (the task failed later)
+    restores it and fit returns at once, with the same weights."""
+    pytest.importorskip("lightning.pytorch")
+    first = finish(fit(tmp_path / "store", tmp_path / "first.pt", "--every", "4", max_steps=6))
+    assert first[0] == "start 0 0" and first[-1] == "end 6"
+    again = finish(fit(tmp_path / "store", tmp_path / "again.pt", "--every", "4", max_steps=6))
+    assert again == ["end 6"]  # no "start": the restored fit loop is done
+    same_weights(tmp_path / "first.pt", tmp_path / "again.pt")
+
+
+def test_a_snapshot_wins_over_fit_ckpt_path(tmp_path: Path) -> None:
+    """The first attempt starts from fit(ckpt_path=...); a retry with the same call resumes
+    from the newer cairn snapshot instead of going back to the file."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+
+    from cairn.integrations.lightning import CairnCheckpoint
+    from tests.support.lightning_training import TinyModule
+
+    class Starts(pl.Callback):
+        def __init__(self) -> None:
+            self.global_step: int | None = None
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.global_step = trainer.global_step
+
+    def run(max_steps: int, *callbacks: pl.Callback, ckpt_path: Path | None = None) -> pl.Trainer:
+        torch.manual_seed(1)
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=list(callbacks))
+        trainer.fit(TinyModule(), ckpt_path=ckpt_path)
+        return trainer
+
+    run(2).save_checkpoint(tmp_path / "init.ckpt")
+    store = str(tmp_path / "store")
+    first, starts = CairnCheckpoint(store=store, key=KEY, every_steps=10), Starts()
+    assert run(4, first, starts, ckpt_path=tmp_path / "init.ckpt").global_step == 4
+    assert starts.global_step == 2 and first.restored_step is None  # from the file
+    retry, starts = CairnCheckpoint(store=store, key=KEY, every_steps=10), Starts()
+    assert run(6, retry, starts, ckpt_path=tmp_path / "init.ckpt").global_step == 6
+    assert retry.restored_step == 3 and starts.global_step == 4  # from the snapshot
+
+
+def test_finish_marks_the_key_done(tmp_path: Path) -> None:
+    """finish=True: a fit that succeeded ends the key's work (a done record, no snapshots)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import torch
+
+    from cairn.integrations.lightning import CairnCheckpoint
+    from cairn.store import Key, open_store
+    from cairn.store.slotlog import RecordKind
+    from tests.support.lightning_training import TinyModule
+
+    torch.manual_seed(1)
+    callback = CairnCheckpoint(store=str(tmp_path / "store"), key=KEY, every_steps=2, finish=True)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[callback])
+    trainer.fit(TinyModule())
+    assert callback.saved_step == 3 and callback.checkpointer is None
+    store = open_store(str(tmp_path / "store"), create=False)
+    try:
+        assert store.history(Key.parse(KEY))[-1].kind is RecordKind.DONE
+        assert store.snapshots(Key.parse(KEY)) == []
+    finally:
+        store.close()
+
+
+def test_without_lightning_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("lightning", "lightning.pytorch", "pytorch_lightning"):
+        monkeypatch.setitem(sys.modules, name, None)  # a None entry makes the import fail
+    monkeypatch.delitem(sys.modules, "cairn.integrations.lightning", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'cairn\[lightning\]'"):
+        importlib.import_module("cairn.integrations.lightning")
