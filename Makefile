@@ -45,7 +45,7 @@ AF_STAMP := $(AF_VENV)/.installed
 $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cairn_airflow/constraints.txt
 	$(PYTHON) -m venv $(AF_VENV)
 	$(AF_PY) -m pip install --quiet 'torch==2.13.0'
-	$(AF_PY) -m pip install --quiet -e '.[dev,gcs]'
+	$(AF_PY) -m pip install --quiet -e '.[gcs,torch]' 'pytest>=8'
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'apache-airflow==3.3.2'
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
