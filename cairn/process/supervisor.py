@@ -198,7 +198,9 @@ class Supervisor:
         self.settings = settings
         self.key = Key.parse(settings.key)
         self.cwd = os.getcwd()
-        self.run_dir = os.path.join(settings.workdir, digest(self.key.path.encode())[:16])
+        # Resolved: CRIU records open files by their real path, which is how logs are matched.
+        self.run_dir = os.path.join(os.path.realpath(settings.workdir),
+                                    digest(self.key.path.encode())[:16])
         self.stdout_path = os.path.join(self.run_dir, "stdout.log")
         self.stderr_path = os.path.join(self.run_dir, "stderr.log")
         self.staging = os.path.join(self.run_dir, "staging")
@@ -319,12 +321,13 @@ class Supervisor:
                 reason = (f"snapshot seq {manifest.seq} does not fit: " + "; ".join(differences))
                 break
             try:
-                self._restore(manifest)
+                tracked = self._restore(manifest)
                 log.warning("restored snapshot seq %d of key %s (pid %d)", manifest.seq,
                             self.key, self.child)
                 self.restored_from = manifest.seq
-                return {p: os.path.getsize(p) for p in (self.stdout_path, self.stderr_path)
-                        if os.path.exists(p)}
+                # Echo from the dumped sizes: the restored workload is already writing.
+                return {t.path: t.size for t in tracked
+                        if t.path in (self.stdout_path, self.stderr_path)}
             except CorruptSnapshot as e:
                 log.warning("skipping snapshot seq %d: %s", manifest.seq, e)
                 reason = f"no snapshot verifies (last tried seq {manifest.seq}: {e})"
@@ -355,14 +358,15 @@ class Supervisor:
                                  "worker")
             time.sleep(0.1)
 
-    def _restore(self, manifest: Manifest) -> None:
+    def _restore(self, manifest: Manifest) -> list[snap_mod.TrackedFile]:
+        """Fetch and restore ``manifest``; returns the tracked files as put back."""
         assert self._store is not None and self._criu is not None
         self._wait_for_pids(manifest)
         dest = os.path.join(self.staging, f"restore-{manifest.seq}")
         shutil.rmtree(dest, ignore_errors=True)
         os.makedirs(self.staging, exist_ok=True)
         try:
-            snap_mod.fetch(self._store, manifest, dest)
+            tracked = snap_mod.fetch(self._store, manifest, dest)
             for socket_path in read_unix_socket_paths(os.path.join(dest, snap_mod.IMAGES)):
                 os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
             pidfile = os.path.join(self.staging, "restored.pid")
@@ -383,6 +387,7 @@ class Supervisor:
         except OSError as e:
             log.warning("cannot move ns_last_pid past the restored PIDs (%s); the workload's "
                         "new children may get low PIDs", e)
+        return tracked
 
     def _spawn_fresh(self) -> None:
         s = self.settings
