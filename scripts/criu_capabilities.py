@@ -311,7 +311,7 @@ class Cycle:
 _GENERIC = re.compile(r"FAILED|failed when initializing kerndat|Could not initialize kernel features|"
                       r"Can't wait or bad status|Unexpected error: -1|exited, status=|was killed|"
                       r"Killing processes because|BUG at|in unexpected state|Task stopped with|"
-                      r"Can't stop all tasks")
+                      r"Can't stop all tasks|killed by signal")
 # Errors that are often only the echo of a helper's death (the helper logs the cause itself).
 _WEAK = re.compile(r"Unable to detach from|Can't attach to init")
 
