@@ -36,17 +36,19 @@ What is measured:
     ``process_shm_async`` (the same with ``use_async_staging=True``). The best of them by
     median stall is ``dcp_best``.
 
-  The first snapshot of each contender is reported separately (cairn allocates and
-  pre-faults its staging buffer and starts its writer process then; DCP allocates its
-  staging storages and, with PROCESS, spawns its process). Then ``--runs`` snapshots each,
-  rotating the contenders' order every round; before each snapshot every tensor of the state
-  is changed (multiplied by 1 + 1e-6, Adam's step counters incremented) so that nothing can be
-  deduplicated against the previous snapshot, and the page cache is synced and dropped. Each
-  snapshot is durable before the next one starts. Median and p95 (linear interpolation) over
-  the runs.
+  The first snapshot of each contender is reported separately (DCP allocates its staging
+  storages then and, with PROCESS, spawns its process; cairn's Checkpointer starts its
+  writer process in ``restore()`` and allocates and pre-faults its staging buffer on a
+  background thread after it, so its first snapshot waits only for what is not done yet).
+  Then ``--runs`` snapshots each, rotating the contenders' order every round; before each
+  snapshot every tensor of the state is changed (multiplied by 1 + 1e-6, Adam's step
+  counters incremented) so that nothing can be deduplicated against the previous snapshot,
+  and the page cache is synced and dropped. Each snapshot is durable before the next one
+  starts. Median and p95 (linear interpolation) over the runs.
 * **memcpy floor**: the state's bytes over the bandwidth of copying every tensor's bytes,
-  single-threaded (``mmap`` slice assignment, as cairn does), into a pre-faulted memfd
-  buffer (:class:`cairn.state.staging.StagingBuffer`); median of ``--runs`` copies.
+  single-threaded (``mmap`` slice assignment), into a pre-faulted memfd buffer
+  (:class:`cairn.state.staging.StagingBuffer`); median of ``--runs`` copies. cairn's own
+  copy is split over ``--threads`` threads, so its stall can be below this floor.
 * **restore**, cold page cache before every side: cairn's verified restore (a fresh model and
   optimizer, ``Checkpointer(store=..., key=...).restore(model=, optimizer=)``, which checks
   every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both, and
@@ -63,7 +65,8 @@ What is measured:
   ``SnapshotPolicy(every_steps=...)``) against the same number of steps without, run in
   alternating blocks of ``--snapshot-every`` steps with the snapshot in the middle of each
   block so that its persist overlaps training. The Checkpointer is warm (its buffer and writer
-  exist), as in a long run.
+  exist), as in a long run. The writer process runs at nice 19: ``persist_windows_s`` (the
+  time from ``save`` until durable while training runs) is its time-to-durable under load.
 
 All files live in one fresh directory (``--dir``, default a temp dir under /var/tmp), removed
 at the end; cairn stores use ``StoreSettings(keep_last=1)`` and are garbage-collected between
@@ -833,7 +836,9 @@ def main(argv: list[str] | None = None) -> int:
     if steps:
         ps, am = steps["persist"], steps["amortized"]
         print(f"step {ps['step_s']:.3f}s; while persisting {ps['step_during_persist_s']:.3f}s "
-              f"(x{ps['persist_step_slowdown']:.2f}, {ps['steps_during_persist']} steps)")
+              f"(x{ps['persist_step_slowdown']:.2f}, {ps['steps_during_persist']} steps); "
+              f"durable while training within {statistics.median(ps['persist_windows_s']):.2f}s "
+              f"(median)")
         print(f"{am['steps']} steps, snapshot every {am['snapshot_every']}: with "
               f"{am['with_s']:.1f}s, without {am['without_s']:.1f}s "
               f"(x{am['amortized_slowdown']:.3f})")

@@ -21,6 +21,18 @@ for the copy. ``close()`` waits until the last snapshot is durable and raises if
 persist is still running at the next trigger, ``when_busy`` decides: wait for it, or skip this
 snapshot. ``PersistMode.INLINE`` persists on the calling thread instead (durable when ``step``
 returns). RAM: one staging buffer is 1× the state's bytes (``buffers=2``: 2×).
+
+The copy into the staging buffer is split over ``torch.get_num_threads()`` threads.
+:meth:`Checkpointer.restore` starts the writer process, and a background thread allocates and
+pre-faults the first staging buffer, so that the first snapshot stalls no longer than later
+ones. The buffer is sized from the snapshot restored, or else from the live state once every
+optimizer has state (a fresh optimizer creates it at its first step: then the first snapshot
+allocates the buffer).
+
+A snapshot the writer fails to commit (the writer process died, the store refused a write) is
+logged and the next one is tried with a new writer if needed; ``step()`` raises
+:class:`~cairn.exceptions.StoreError` once ``max_failures`` snapshots in a row have failed.
+Fencing raises at once.
 """
 
 from __future__ import annotations
@@ -29,10 +41,17 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import os
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import torch
 
 from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
 from cairn.state import capture
@@ -40,7 +59,6 @@ from cairn.state.codec import (
     STATE_FILE,
     STATE_SCHEMA,
     ArrayHeader,
-    array_from_bytes,
     cpu_bytes,
     flatten,
     header_of,
@@ -56,7 +74,7 @@ from cairn.state.triggers import (
     signal_names,
     young_daly_interval,
 )
-from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
+from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store, open_store
 from cairn.store.slotlog import RecordKind
 
 log = logging.getLogger(__name__)
@@ -130,27 +148,48 @@ def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[st
     except (KeyError, ValueError, TypeError) as e:
         raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is unreadable: {e}",
                               seq=manifest.seq) from None
+    # Every array is read straight into fresh, uninitialised memory of its own (never the
+    # live objects: those are touched only once the whole snapshot verified and fits).
     arrays = []
+    targets: list[tuple[str, memoryview]] = []
+    entries = {entry.path: entry for entry in manifest.files}
     for index, header in enumerate(headers):
         try:
-            entry = manifest.file(prefix + tensor_path(index))
+            entry = entries[prefix + tensor_path(index)]
         except KeyError:
             raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{tensor_path(index)} is missing",
                                   seq=manifest.seq) from None
         if entry.size != header.nbytes:
             raise CorruptSnapshot(f"seq {manifest.seq}: {entry.path} holds {entry.size} bytes, "
                                   f"its header says {header.nbytes}", seq=manifest.seq)
-        buffer = bytearray(entry.size)
-        view = memoryview(buffer)
-        position = 0
-        for piece in reader.iter_file(entry.path):
-            view[position:position + len(piece)] = piece
-            position += len(piece)
-        arrays.append(array_from_bytes(header, buffer))
+        array = _empty_array(header, seq=manifest.seq)
+        arrays.append(array)
+        if header.nbytes:
+            targets.append((entry.path, _byte_view(array)))
+    reader.read_files_into(targets)
     tree = unflatten(structure, arrays)
     if not isinstance(tree, dict) or "step" not in tree:
         raise CorruptSnapshot(f"seq {manifest.seq}: state has no step", seq=manifest.seq)
     return tree
+
+
+def _empty_array(header: ArrayHeader, *, seq: int) -> Any:
+    """A fresh, uninitialised CPU tensor or ndarray as ``header`` describes it, allocated only
+    after its byte count was checked against its shape and dtype."""
+    dtype = np.dtype(header.dtype) if header.kind == "numpy" else getattr(torch, header.dtype)
+    if math.prod(header.shape) * dtype.itemsize != header.nbytes:
+        raise CorruptSnapshot(f"seq {seq}: header {header} is inconsistent: shape and dtype do "
+                              f"not make {header.nbytes} bytes", seq=seq)
+    if header.kind == "numpy":
+        return np.empty(header.shape, dtype=dtype)
+    return torch.empty(header.shape, dtype=dtype)
+
+
+def _byte_view(array: Any) -> memoryview:
+    """A writable view of a C-contiguous, non-empty array's bytes."""
+    if isinstance(array, np.ndarray):
+        return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(torch.uint8).numpy())
 
 
 class Checkpointer:
@@ -165,9 +204,12 @@ class Checkpointer:
                  every_seconds: float | None = None,
                  preemption: PreemptionPolicy | None = PreemptionPolicy(),
                  persist: PersistMode = PersistMode.SIDECAR, when_busy: WhenBusy = WhenBusy.WAIT,
-                 buffers: int = 1) -> None:
+                 buffers: int = 1, max_failures: int = 3) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
+        if not isinstance(max_failures, int) or max_failures < 1:
+            raise ConfigError("max_failures must be an integer of at least 1 (1: raise at the "
+                              "first snapshot that fails)")
         if policy is None:
             policy = (SnapshotPolicy(every_steps=every_steps, every_seconds=every_seconds)
                       if every_steps is not None or every_seconds is not None else SnapshotPolicy())
@@ -186,7 +228,8 @@ class Checkpointer:
         self._notice: PreemptionNotice | None = None
         self.snapshot_cost_s: float | None = None  # moving average of stall + persist time
         self.last_stall_s: float | None = None  # time the last save() kept training waiting
-        self.mtbf_s: float | None = None  # observed time between preemptions of this key
+        self._mtbf: float | None = None
+        self._mtbf_known = False  # read from the key's log on first use
         self.persist_mode = PersistMode(persist)
         self.when_busy = WhenBusy(when_busy)
         self._buffer_count = buffers
@@ -194,6 +237,12 @@ class Checkpointer:
         self._writer: SidecarWriter | None = None
         self._fenced = False
         self._last_error: str | None = None
+        self.max_failures = max_failures
+        self.failures = 0  # snapshots in a row that the writer did not commit
+        self._warm: threading.Thread | None = None
+        self._warm_stop = threading.Event()
+        self._copy_pool: ThreadPoolExecutor | None = None
+        self._copy_helpers = 0
         self.committed_seq: int | None = None
         self.committed_step: int | None = None
         self.skipped = 0  # snapshots skipped because the previous one was still persisting
@@ -247,16 +296,13 @@ class Checkpointer:
         else:
             epoch = self._group.broadcast([0])[0]
             self._attempt = self.store.join_attempt(self.key, epoch=epoch)
-        self.mtbf_s = _observed_mtbf(self.store, self.key)
         if self._preemption is not None:
             self._notice = PreemptionNotice(self._preemption)
             if self._notice.install():
                 log.info("watching %s for preemption", signal_names(self._preemption.signals))
-        snapshots = self.store.snapshots(self.key)
-        count = self._group.broadcast([len(snapshots)])[0]  # rank 0's view decides
-        for info in snapshots[:count]:
+        prefix = f"rank-{self._group.rank}/" if self._group.active else ""
+        for info in self._candidates():
             self._check_world_size(info.manifest)
-            prefix = f"rank-{self._group.rank}/" if self._group.active else ""
             try:
                 tree: dict[str, Any] | None = load_state(self.store, info.manifest, prefix=prefix)
             except CorruptSnapshot as e:
@@ -272,10 +318,40 @@ class Checkpointer:
             self._last_step = int(tree["step"])
             self.committed_seq, self.committed_step = info.seq, self._last_step
             log.info("key %s: resumed from seq %d (step %d)", self.key, info.seq, self._last_step)
-            self._start_writer()
+            self._start_writer(_staged_size(info.manifest, prefix))
             return self._last_step + 1
-        self._start_writer()
+        self._start_writer(None)
         return 0
+
+    def _candidates(self) -> Iterator[SnapshotInfo]:
+        """The snapshots to try restoring, newest first. One process: the attempt's parent
+        first (``open_attempt`` found it: the newest whose manifest reads and whose packs
+        exist, having logged any newer one it skipped), so that the log is listed again
+        only if it fails. Distributed: rank 0's list, on every rank."""
+        if not self._group.active:
+            parent = self._attempt.parent
+            if parent is not None:
+                yield SnapshotInfo(self.key, parent.seq, parent.epoch, parent)
+            for info in self.store.snapshots(self.key):
+                if parent is None or info.seq < parent.seq:
+                    yield info
+            return
+        snapshots = self.store.snapshots(self.key)
+        count = self._group.broadcast([len(snapshots)])[0]  # rank 0's view decides
+        yield from snapshots[:count]
+
+    @property
+    def mtbf_s(self) -> float | None:
+        """Observed time between preemptions of this key (its attempts so far); None with
+        fewer than two. Read from the key's log the first time it is needed."""
+        if not self._mtbf_known:
+            self._require_restored()
+            self._mtbf, self._mtbf_known = _observed_mtbf(self.store, self.key), True
+        return self._mtbf
+
+    @mtbf_s.setter
+    def mtbf_s(self, value: float | None) -> None:
+        self._mtbf, self._mtbf_known = value, True
 
     def _check_world_size(self, manifest: Manifest) -> None:
         taken = int(manifest.metadata.get("world_size", 1))
@@ -285,7 +361,9 @@ class Checkpointer:
                 f"{self._group.world_size}; cairn does not reshard. Run with {taken} ranks, or "
                 f"start fresh by removing the key (cairn rm STORE {self.key})")
 
-    def _start_writer(self) -> None:
+    def _start_writer(self, staged_size: int | None) -> None:
+        """Create the writer's handle and start preparing for the first snapshot, whose
+        staging size is ``staged_size`` (None: measure the live state)."""
         if self.persist_mode is not PersistMode.SIDECAR:
             return
         parent = self._attempt.parent
@@ -293,12 +371,61 @@ class Checkpointer:
             store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
             last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
             settings=dataclasses.asdict(self.store.settings))
+        capacity = _with_headroom(staged_size) if staged_size is not None \
+            else self._expected_capacity()
+        self._writer.spawn()  # here, not on the warm-up thread: see SidecarWriter.spawn
+        self._warm = threading.Thread(target=self._warm_up, args=(capacity,),
+                                      name="cairn-warm-up", daemon=True)
+        self._warm.start()
+
+    def _expected_capacity(self) -> int | None:
+        """The staging buffer the next snapshot needs, from the live state; None while an
+        optimizer has parameters but no state yet (its state appears at its first step)."""
+        assert self._targets is not None
+        for opt in self._targets.optimizers.values():
+            if not opt.state and any(group["params"] for group in opt.param_groups):
+                return None
+        try:
+            _, arrays = flatten(capture.gather(self._targets, step=0, extras=self.extras))
+            return _with_headroom(plan([header_of(a).nbytes for a in arrays])[1])
+        except CairnError:
+            return None  # the first snapshot reports it
+
+    def _warm_up(self, capacity: int | None) -> None:
+        """On a background thread after restore: start the writer process, then allocate and
+        pre-fault the first staging buffer (about 1 s per GB on a VM, which the first
+        snapshot's stall would otherwise pay). Stops early when close() asks."""
+        assert self._writer is not None
+        try:
+            self._writer.start()
+            if capacity is None or self._warm_stop.is_set():
+                return
+            buffer = StagingBuffer(capacity, prefault=False)
+            try:
+                done = buffer.prefault(stop=self._warm_stop)
+            except BaseException:
+                buffer.close()
+                raise
+            if not done:
+                buffer.close()
+                return
+            self._buffers[0] = buffer
+            self._writer.register_buffer(0, buffer.fd, buffer.capacity)
+        except (CairnError, OSError) as e:
+            if not self._warm_stop.is_set():
+                log.warning("key %s: could not prepare for the first snapshot ahead of time "
+                            "(%s); it will try again", self.key, e)
+
+    def _join_warm_up(self) -> None:
+        if self._warm is not None:
+            self._warm.join()
+            self._warm = None
 
     def step(self, step: int) -> bool:
         """Call after ``step``'s optimizer update. Snapshots when the policy says so; returns
         whether it did. Raises :class:`~cairn.exceptions.Fenced` if a newer attempt exists."""
         self._require_restored()
-        self._collect()
+        self._collect(raise_failures=True)
         notice = self._notice is not None and self._notice.pending
         policy = self.policy
         interval = self.interval_seconds()
@@ -355,7 +482,7 @@ class Checkpointer:
         """
         self._require_restored()
         assert self._targets is not None
-        self._collect()
+        self._collect(raise_failures=True)
         started = time.monotonic()
         tree = capture.gather(self._targets, step=step, extras=self.extras)
         if self.persist_mode is PersistMode.INLINE:
@@ -387,6 +514,7 @@ class Checkpointer:
     def _stage(self, tree: dict[str, Any], step: int) -> bool:
         """Copy the state into a free staging buffer and hand it to the writer process."""
         assert self._writer is not None
+        self._join_warm_up()
         structure, arrays = flatten(tree)
         headers = [header_of(a) for a in arrays]
         slots, total = plan([h.nbytes for h in headers])
@@ -411,15 +539,19 @@ class Checkpointer:
         if buffer is None or buffer.capacity < total:
             if buffer is not None:
                 buffer.close()
-            buffer = StagingBuffer(total + total // 8)  # headroom for a state that grows
+            buffer = StagingBuffer(_with_headroom(total))
             self._buffers[free] = buffer
             self._writer.register_buffer(free, buffer.fd, buffer.capacity)
-        on_device = []
+        on_cpu, on_device = [], []
         for slot, array in zip(slots, arrays):
-            if getattr(array, "is_cuda", False):
+            if isinstance(array, torch.Tensor) and array.device.type == "cpu":
+                on_cpu.append((slot, array))
+            elif getattr(array, "is_cuda", False):
                 on_device.append((slot, array))
-            else:
+            else:  # numpy arrays (RNG state: small), tensors on other devices
                 buffer.write(slot, cpu_bytes(array))
+        buffer.copy_cpu_tensors(on_cpu, pool=self._copy_threads(),
+                                workers=torch.get_num_threads())
         buffer.copy_tensors(on_device)
         index = {"schema": STATE_SCHEMA, "step": step, "structure": structure,
                  "arrays": [h.to_json() for h in headers]}
@@ -427,12 +559,26 @@ class Checkpointer:
                              slots=[(slot.offset, slot.nbytes) for slot in slots], part=part)
         return True
 
+    def _copy_threads(self) -> ThreadPoolExecutor | None:
+        """Helpers for the staging copy: as many threads as torch uses, the caller included
+        (training is stopped meanwhile, so its cores are free)."""
+        wanted = torch.get_num_threads() - 1
+        if self._copy_pool is not None and self._copy_helpers != wanted:
+            self._copy_pool.shutdown()
+            self._copy_pool = None
+        if self._copy_pool is None and wanted > 0:
+            self._copy_pool = ThreadPoolExecutor(max_workers=wanted,
+                                                 thread_name_prefix="cairn-stage")
+            self._copy_helpers = wanted
+        return self._copy_pool
+
     def _record_cost(self, seconds: float) -> None:
         self.snapshot_cost_s = seconds if self.snapshot_cost_s is None else \
             0.5 * self.snapshot_cost_s + 0.5 * seconds
 
-    def _collect(self) -> None:
-        """Take the writer's reports: committed snapshots, failures, fencing."""
+    def _collect(self, *, raise_failures: bool = False) -> None:
+        """Take the writer's reports: committed snapshots, failures, fencing. Raises Fenced;
+        with ``raise_failures``, StoreError once ``max_failures`` snapshots in a row failed."""
         if self._writer is None:
             return
         for result in self._writer.take_results():
@@ -440,25 +586,34 @@ class Checkpointer:
                 self.committed_seq, self.committed_step = result.seq, result.step
                 self._record_cost((self.last_stall_s or 0.0) + result.seconds)
                 self._last_error = None
+                self.failures = 0
             else:
                 self._last_error = result.error
-                log.error("key %s: snapshot of step %d was not committed: %s", self.key,
-                          result.step, result.error)
+                self.failures += 1
+                log.error("key %s: snapshot of step %d was not committed (%d of %d allowed in a "
+                          "row): %s", self.key, result.step, self.failures, self.max_failures,
+                          result.error)
             if result.fenced:
                 self._fenced = True
         if self._fenced or self._writer.fenced:
             self._fenced = True
             raise Fenced(f"key {self.key}: a newer attempt has taken over; this one must stop")
+        if raise_failures and self.failures >= self.max_failures:
+            raise StoreError(f"key {self.key}: {self.failures} snapshots in a row were not "
+                             f"committed (max_failures={self.max_failures}); the last error: "
+                             f"{self._last_error}")
 
     @property
     def writer_pid(self) -> int | None:
-        """The writer process's pid (None before the first snapshot or in inline mode)."""
+        """The writer process's pid (None in inline mode, or if it could not be started)."""
+        self._join_warm_up()
         return self._writer.pid if self._writer is not None else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every staged snapshot is committed or failed; False on timeout."""
         if self._writer is None:
             return True
+        self._join_warm_up()
         done = self._writer.wait_idle(timeout)
         self._collect()
         return done
@@ -479,6 +634,14 @@ class Checkpointer:
             self._notice.uninstall()
             self._notice = None
         error = None
+        if self._warm is not None:  # closing right after restore: stop preparing
+            self._warm_stop.set()
+            if self._writer is not None:
+                self._writer.cancel_start()
+            self._join_warm_up()
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown()
+            self._copy_pool = None
         if self._writer is not None:
             try:
                 self.wait()
@@ -505,6 +668,17 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _staged_size(manifest: Manifest, prefix: str) -> int:
+    """The staging bytes of the state a snapshot holds (its arrays laid out by :func:`plan`)."""
+    start = prefix + "tensors/"
+    return plan([entry.size for entry in manifest.files if entry.path.startswith(start)])[1]
+
+
+def _with_headroom(nbytes: int) -> int:
+    """A staging buffer's size for a state of ``nbytes``: room for a state that grows."""
+    return nbytes + nbytes // 8
 
 
 def _observed_mtbf(store: Store, key: Key) -> float | None:

@@ -12,14 +12,21 @@ committed is simply absent: nothing partial is ever visible. The writer runs in 
 so a signal sent to the trainer's process group does not kill it mid-persist; it exits when the
 trainer's end of the socket closes, after finishing what it is doing.
 
-Run as ``python -m cairn.state.sidecar FD``; it imports neither torch nor the trainer's code.
+The writer yields to training: it runs at the lowest CPU priority (``nice`` 19) and the lowest
+best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
+training leaves idle rather than slowing its steps (see :func:`lower_priority`).
+
+Run as ``python -m cairn.state.sidecar FD [NICE]``; it imports neither torch nor the trainer's
+code.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import platform
 import socket
 import struct
 import subprocess
@@ -150,9 +157,44 @@ def _commit_when_all_parts(attempt: Any, part: dict[str, int], step: int) -> Any
             time.sleep(0.05)
 
 
+WRITER_NICE = 19
+# ioprio_set(2) has no libc wrapper; its number differs per architecture.
+_IOPRIO_SET = {"x86_64": 251, "amd64": 251, "aarch64": 30, "arm64": 30}
+_IOPRIO_WHO_PROCESS = 1
+_IOPRIO_CLASS_BE, _IOPRIO_CLASS_SHIFT, _IOPRIO_LOWEST_LEVEL = 2, 13, 7
+
+
+def lower_priority(nice: int) -> None:
+    """Make the calling thread, and every thread it starts later, yield to the trainer.
+
+    CPU: ``nice`` more (the scheduler then gives it a small share of a core the trainer wants
+    and all of an idle one; at 19 its weight is 1.5% of a default thread's). I/O: the lowest
+    level of the best-effort class, not the idle class, which a busy disk (a data loader)
+    can starve for ever, leaving a snapshot never durable. Both are best effort: a
+    failure leaves the default priority. Linux applies both per thread, so this must run
+    before any thread (the store's pool, BLAKE3's) starts.
+    """
+    if nice > 0:
+        try:
+            os.nice(nice)
+        except OSError as e:
+            log.debug("nice(%d) failed: %s", nice, e)
+    number = _IOPRIO_SET.get(platform.machine().lower())
+    if number is None or not sys.platform.startswith("linux"):
+        return
+    value = (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | _IOPRIO_LOWEST_LEVEL
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(number, _IOPRIO_WHO_PROCESS, 0, value) != 0:
+            log.debug("ioprio_set failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:
+        log.debug("ioprio_set unavailable: %s", e)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="cairn-writer: %(message)s")
+    lower_priority(int(args[1]) if len(args) > 1 else WRITER_NICE)
     sock = socket.socket(fileno=int(args[0]))
     try:
         return serve(sock)
@@ -186,9 +228,11 @@ class SidecarWriter:
     thread; a background thread reads the writer's reports."""
 
     def __init__(self, *, store_url: str, key: tuple[str, ...], epoch: int, last_seq: int,
-                 parent_seq: int | None, settings: dict[str, Any] | None = None) -> None:
+                 parent_seq: int | None, settings: dict[str, Any] | None = None,
+                 nice: int = WRITER_NICE) -> None:
         self._init = {"op": "init", "store": store_url, "key": list(key), "epoch": epoch,
                       "parent_seq": parent_seq, "settings": settings or {}}
+        self._nice = nice
         self._state = _State(last_seq=last_seq)
         self._cond = threading.Condition()
         self._buffers: dict[int, tuple[int, int]] = {}  # id -> (fd, capacity)
@@ -197,6 +241,8 @@ class SidecarWriter:
         self._sock: socket.socket | None = None
         self._finished = threading.Event()
         self._finish_error: tuple[str, bool] | None = None
+        self._cancelled = False
+        self._pending: subprocess.Popen[bytes] | None = None  # spawned, handshake not done
 
     # -- process lifecycle ---------------------------------------------------------------
 
@@ -204,23 +250,79 @@ class SidecarWriter:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def spawn(self) -> None:
+        """Start the writer process without waiting until it is ready; :meth:`start` (or the
+        first persist) then completes the handshake, on any thread.
+
+        Call this on the thread that may fork (the training thread, where a DataLoader forks
+        its workers): ``Popen`` waits for its exec-status pipe to close, and a process forked
+        meanwhile by another thread inherits that pipe and keeps it open while it lives.
+        """
+        with self._cond:
+            if self._state.alive or self._pending is not None:
+                return
+            if self._cancelled:
+                raise CairnError("the cairn writer process was not started: closing")
+            last_seq = self._state.last_seq
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cairn.state.sidecar", str(child.fileno()),
+                 str(self._nice)],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        with self._cond:
+            self._proc = proc
+            cancelled = self._cancelled
+        if cancelled:
+            proc.kill()
+        if self._sock is not None:
+            self._sock.close()  # a dead writer's
+        self._sock = parent
+        self._pending = proc
+        try:
+            _send(parent, {**self._init, "last_seq": last_seq})
+        except OSError:
+            pass  # it died at once: the handshake reports it
+
+    def start(self) -> None:
+        """Start the writer process now rather than at the first persist, and wait until it
+        is ready. Raises CairnError if it cannot start (or :meth:`cancel_start` was called)."""
+        self._ensure_running()
+
+    def cancel_start(self) -> None:
+        """From another thread: make a :meth:`start` in progress fail at once. Its process is
+        killed, which is safe because it has not been asked to persist anything yet."""
+        with self._cond:
+            self._cancelled = True
+            proc = None if self._state.alive else self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
     def _ensure_running(self) -> None:
         with self._cond:
             if self._state.alive:
                 return
-            last_seq = self._state.last_seq
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "cairn.state.sidecar", str(child.fileno())],
-                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            child.close()
-        self._sock = parent
+        if self._pending is None:
+            self.spawn()
+        proc, self._pending = self._pending, None
+        parent = self._sock
+        assert proc is not None and parent is not None
         receiver = _Receiver(parent)
-        _send(parent, {**self._init, "last_seq": last_seq})
-        ready = receiver.next()
+        try:
+            ready = receiver.next()
+        except OSError:
+            ready = None
         if ready is None or ready.get("op") != "ready":
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            parent.close()
+            self._sock = None
             raise CairnError("the cairn writer process failed to start")
         with self._cond:
             self._state.alive = True
@@ -228,7 +330,7 @@ class SidecarWriter:
             self._state.fenced = self._state.fenced or ready["fenced"]
         for buffer_id, (fd, capacity) in self._buffers.items():
             _send(parent, {"op": "buffer", "id": buffer_id, "capacity": capacity}, [fd])
-        threading.Thread(target=self._read_reports, args=(receiver, self._proc), daemon=True,
+        threading.Thread(target=self._read_reports, args=(receiver, proc), daemon=True,
                          name="cairn-writer-reports").start()
 
     def _read_reports(self, receiver: _Receiver, proc: subprocess.Popen[bytes]) -> None:

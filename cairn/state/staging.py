@@ -3,18 +3,29 @@
 A buffer is an anonymous memory file (``memfd_create``), so its size is bounded by RAM and the
 container's memory limit, not by ``/dev/shm`` (64 MiB by default in containers). The writer
 process maps the same file through a descriptor passed over a Unix socket. Buffers are
-pre-faulted when created so the first snapshot does not pay for page faults. RAM cost: one
-buffer is 1× the state's bytes; two (double buffering) are 2×.
+pre-faulted before the first snapshot uses them (page faults cost more than the copy itself:
+about 1 GB/s on a VM), on a background thread when the Checkpointer can size the buffer
+early. RAM cost: one buffer is 1× the state's bytes; two (double buffering) are 2×.
+
+This module must not import torch at import time: the writer process imports it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 ALIGN = 64
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in, writable, without touching them
+_PREFAULT_PIECE = 64 << 20  # a stop request is noticed within one piece
+_COPY_PIECE_MIN = 1 << 20  # below this a piece is not worth a thread of its own
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,12 @@ def plan(sizes: Sequence[int]) -> tuple[list[Slot], int]:
 
 
 class StagingBuffer:
-    """A pre-faulted shared memory buffer of ``capacity`` bytes. One thread writes it at a time;
-    the writer process reads it only while the buffer is handed to it (see the sidecar)."""
+    """A shared memory buffer of ``capacity`` bytes, pre-faulted unless ``prefault=False``
+    (then call :meth:`prefault`). One thread writes it at a time; the writer process reads it
+    only while the buffer is handed to it (see the sidecar)."""
 
-    def __init__(self, capacity: int, *, name: str = "cairn-staging") -> None:
+    def __init__(self, capacity: int, *, name: str = "cairn-staging",
+                 prefault: bool = True) -> None:
         self.capacity = max(capacity, ALIGN)
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
@@ -49,22 +62,106 @@ class StagingBuffer:
             os.close(self.fd)
             raise
         self._pinned = 0  # the address registered with the CUDA driver, when pinned
-        self._prefault()
+        self._bytes: Any = None  # a torch uint8 tensor over the whole map, made on first use
+        if prefault:
+            self.prefault()
 
-    def _prefault(self) -> None:
-        # Writing every page allocates it now rather than during the first snapshot's stall.
+    def prefault(self, *, stop: threading.Event | None = None) -> bool:
+        """Allocate every page now rather than during a snapshot's stall; False when ``stop``
+        was set first (the rest then faults in during the first copy).
+
+        Uses ``MADV_POPULATE_WRITE`` through ctypes, which releases the GIL (so a background
+        thread does not hold up training), else writes zeros."""
+        address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        populate = _madvise()
+        zeros = b""
         view = memoryview(self.map)
-        zeros = bytes(min(self.capacity, 16 << 20))
-        for start in range(0, self.capacity, len(zeros)):
-            end = min(start + len(zeros), self.capacity)
-            view[start:end] = zeros[: end - start]
-        view.release()
+        try:
+            for start in range(0, self.capacity, _PREFAULT_PIECE):
+                if stop is not None and stop.is_set():
+                    return False
+                length = min(_PREFAULT_PIECE, self.capacity - start)
+                if populate is not None:
+                    if populate(address + start, length, _MADV_POPULATE_WRITE) == 0:
+                        continue
+                    code = ctypes.get_errno()
+                    if code != errno.EINVAL:  # out of memory, say: writing zeros would not help
+                        raise OSError(code, f"pre-faulting the staging buffer: {os.strerror(code)}")
+                    populate = None  # a kernel older than 5.14
+                if len(zeros) < length:
+                    zeros = bytes(_PREFAULT_PIECE)
+                view[start:start + length] = zeros[:length]
+        finally:
+            view.release()
+        return True
 
     def write(self, slot: Slot, data: memoryview) -> None:
         """Copy ``data`` (exactly ``slot.nbytes``) into the slot."""
         if len(data) != slot.nbytes or slot.offset + slot.nbytes > self.capacity:
             raise ValueError(f"{len(data)} bytes do not fit slot {slot}")
         self.map[slot.offset:slot.offset + slot.nbytes] = data
+
+    def _tensor(self) -> Any:
+        import torch
+
+        if self._bytes is None:
+            self._bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+        return self._bytes
+
+    def copy_cpu_tensors(self, pairs: Sequence[tuple[Slot, Any]], *,
+                         pool: ThreadPoolExecutor | None = None, workers: int = 1) -> None:
+        """Copy CPU tensors into their slots, each in C order (any layout, 0-dim included).
+
+        The bytes are split evenly among ``workers`` threads of ``pool``: one thread's copy
+        does not reach the memory bandwidth of the machine. Contiguous tensors are copied as
+        raw bytes by numpy (which releases the GIL and, unlike torch's copy, does not spawn
+        its own OpenMP team in every thread); others by torch's strided copy, whole.
+        """
+        import numpy as np
+        import torch
+
+        staging = self._tensor()
+        flat = staging.numpy()
+        plain: list[tuple[int, Any, int]] = []  # (offset in the buffer, source bytes, size)
+        strided: list[tuple[Slot, Any]] = []
+        for slot, tensor in pairs:
+            if slot.offset + slot.nbytes > self.capacity:
+                raise ValueError(f"slot {slot} does not fit a buffer of {self.capacity} bytes")
+            if slot.nbytes == 0:
+                continue
+            tensor = tensor.detach()
+            if tensor.is_conj() or tensor.is_neg():
+                tensor = tensor.resolve_conj().resolve_neg()
+            if tensor.is_contiguous():
+                source = tensor.reshape(-1).view(torch.uint8).numpy()
+                if source.nbytes != slot.nbytes:
+                    raise ValueError(f"{source.nbytes} bytes do not fit slot {slot}")
+                plain.append((slot.offset, source, slot.nbytes))
+            else:
+                strided.append((slot, tensor))
+        workers = max(1, min(workers, sum(n for _, _, n in plain) // _COPY_PIECE_MIN or 1))
+        shares = _split(plain, workers)
+
+        def copy(share: list[tuple[int, Any, int, int]]) -> None:
+            for offset, source, start, end in share:
+                np.copyto(flat[offset + start:offset + end], source[start:end])
+
+        def copy_strided(items: list[tuple[Slot, Any]]) -> None:
+            for slot, tensor in items:
+                target = staging[slot.offset:slot.offset + slot.nbytes].view(tensor.dtype)
+                target.view(tensor.shape).copy_(tensor)
+
+        if pool is None or workers == 1:
+            copy(shares[0])
+            copy_strided(strided)
+            return
+        futures = [pool.submit(copy, share) for share in shares[1:]]
+        try:
+            copy(shares[0])
+            copy_strided(strided)
+        finally:
+            for future in futures:
+                future.result()  # every byte is in place (or the first error raised)
 
     def copy_tensors(self, pairs: Sequence[tuple[Slot, object]]) -> None:
         """Copy CUDA tensors into their slots: pinned (page-locked) destination, a side stream,
@@ -78,14 +175,12 @@ class StagingBuffer:
         if not pairs:
             return
         if not self._pinned:
-            import ctypes
-
             address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
             status = torch.cuda.cudart().cudaHostRegister(address, self.capacity, 0)
             if int(status) != 0:
                 raise RuntimeError(f"cudaHostRegister failed with status {int(status)}")
             self._pinned = address
-        staging = torch.frombuffer(self.map, dtype=torch.uint8)
+        staging = self._tensor()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())  # copy what the model holds right now
         with torch.cuda.stream(stream):
@@ -102,11 +197,49 @@ class StagingBuffer:
 
             torch.cuda.cudart().cudaHostUnregister(self._pinned)
             self._pinned = 0
+        self._bytes = None  # torch.frombuffer holds an export of the map
         try:
             self.map.close()
         except BufferError:
             pass  # a view is still alive somewhere; the mapping goes with the process
         os.close(self.fd)
+
+
+def _split(plain: list[tuple[int, Any, int]],
+           workers: int) -> list[list[tuple[int, Any, int, int]]]:
+    """Cut the byte stream of ``plain`` into ``workers`` shares of (nearly) equal size:
+    ``(offset, source, start, end)`` pieces, a tensor split where a share ends."""
+    total = sum(n for _, _, n in plain)
+    quota = -(-total // workers) if total else 1
+    shares: list[list[tuple[int, Any, int, int]]] = [[] for _ in range(workers)]
+    index, room = 0, quota
+    for offset, source, nbytes in plain:
+        start = 0
+        while start < nbytes:
+            take = min(nbytes - start, room) if index < workers - 1 else nbytes - start
+            shares[index].append((offset, source, start, start + take))
+            start += take
+            room -= take
+            if room <= 0 and index < workers - 1:
+                index, room = index + 1, quota
+    return shares
+
+
+_madvise_fn: Any = None
+
+
+def _madvise() -> Any:
+    """libc's ``madvise`` through ctypes (which releases the GIL), or None."""
+    global _madvise_fn
+    if _madvise_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            _madvise_fn = fn
+        except (OSError, AttributeError):
+            _madvise_fn = False
+    return _madvise_fn or None
 
 
 def map_shared(fd: int, capacity: int) -> mmap.mmap:

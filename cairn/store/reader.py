@@ -1,10 +1,13 @@
 """Reading a snapshot back, verifying every chunk inside the same streaming pass.
 
 Adjacent chunks of a file that sit next to each other in one pack are fetched with one
-ranged read (up to 4 MiB), and ``prefetch`` reads are kept in flight ahead of the consumer, so
-a cold disk or a remote bucket overlaps with hashing. Reads land in a small ring of reused
-buffers (a fresh multi-MiB allocation per read costs a page fault per 4 KiB), so memory stays at
-about ``prefetch`` × 4 MiB, and a yielded chunk is valid only until the next one is requested.
+ranged read (up to 4 MiB), and ``prefetch`` reads are kept in flight ahead of the consumer, each
+verified (BLAKE3 of every chunk) on the pool thread that read it, so a cold disk or a remote
+bucket overlaps with hashing and hashing runs on several cores. :meth:`SnapshotReader.iter_file`
+reads into a small ring of buffers reused across files (a fresh multi-MiB allocation per read
+costs a page fault per 4 KiB), so memory stays at about ``prefetch`` × 4 MiB and a yielded chunk
+is valid only until the next one is requested; :meth:`SnapshotReader.read_files_into` reads
+straight into the caller's memory, with no copy.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -66,7 +69,7 @@ def _make_range(run: list[ChunkRef]) -> _Range:
 
 
 class SnapshotReader:
-    """Reads files of one committed snapshot. Each method may be used from one thread."""
+    """Reads files of one committed snapshot. One thread uses a reader at a time."""
 
     def __init__(self, backend: Backend, manifest: Manifest, *, pool: ThreadPoolExecutor,
                  prefetch: int = 4) -> None:
@@ -74,15 +77,30 @@ class SnapshotReader:
         self.manifest = manifest
         self._pool = pool
         self._prefetch = max(1, prefetch)
+        self._free: list[bytearray] = []  # iter_file's read buffers, reused across files
 
-    def _fetch_into(self, rng: _Range, buffer: bytearray) -> int:
+    def _fetch_verified(self, rng: _Range, view: memoryview) -> int:
+        """Read ``rng`` into ``view`` (at least ``rng.length`` bytes) and check every chunk's
+        digest; runs on a pool thread. Returns the bytes read."""
         try:
-            return self.backend.read_range_into(rng.pack, rng.offset, memoryview(buffer)[:rng.length])
+            got = self.backend.read_range_into(rng.pack, rng.offset, view[:rng.length])
         except NotFound:
             first = rng.chunks[0]
             raise CorruptSnapshot(
                 f"chunk {first.digest} is missing: its pack {rng.pack} does not exist",
                 seq=self.manifest.seq, digest=first.digest) from None
+        for chunk in rng.chunks:
+            start = chunk.offset - rng.offset
+            if start + chunk.size > got:
+                raise CorruptSnapshot(
+                    f"chunk {chunk.digest} in {chunk.pack} is truncated "
+                    f"({max(got - start, 0)} of {chunk.size} bytes)",
+                    seq=self.manifest.seq, digest=chunk.digest)
+            if compute_digest(view[start:start + chunk.size]) != chunk.digest:
+                raise CorruptSnapshot(
+                    f"chunk {chunk.digest} in {chunk.pack} does not match its digest",
+                    seq=self.manifest.seq, digest=chunk.digest)
+        return got
 
     def iter_file(self, path: str, *, progress: Callable[[int], None] | None = None
                   ) -> Iterator[memoryview]:
@@ -97,7 +115,7 @@ class SnapshotReader:
     def _iter_entry(self, entry: FileEntry, progress: Callable[[int], None] | None
                     ) -> Iterator[memoryview]:
         ranges = _coalesce(entry.chunks)
-        free: list[bytearray] = []
+        free = self._free
         pending: deque[tuple[_Range, bytearray, Future[int]]] = deque()
         next_index = 0
         try:
@@ -106,29 +124,68 @@ class SnapshotReader:
                     rng = ranges[next_index]
                     next_index += 1
                     buffer = _take_buffer(free, rng.length)
-                    pending.append((rng, buffer, self._pool.submit(self._fetch_into, rng, buffer)))
+                    pending.append((rng, buffer, self._pool.submit(
+                        self._fetch_verified, rng, memoryview(buffer))))
                 rng, buffer, future = pending.popleft()
-                got = future.result()
-                data = memoryview(buffer)[:got]
+                future.result()
+                data = memoryview(buffer)
                 for chunk in rng.chunks:
                     start = chunk.offset - rng.offset
-                    piece = data[start:start + chunk.size]
-                    if len(piece) != chunk.size:
-                        raise CorruptSnapshot(
-                            f"chunk {chunk.digest} in {chunk.pack} is truncated "
-                            f"({len(piece)} of {chunk.size} bytes)",
-                            seq=self.manifest.seq, digest=chunk.digest)
-                    if compute_digest(piece) != chunk.digest:
-                        raise CorruptSnapshot(
-                            f"chunk {chunk.digest} in {chunk.pack} does not match its digest",
-                            seq=self.manifest.seq, digest=chunk.digest)
                     if progress is not None:
                         progress(chunk.size)
-                    yield piece
-                free.append(buffer)
+                    yield data[start:start + chunk.size]
+                free.append(buffer)  # only once its read is done and its pieces consumed
         finally:
             for _, _, future in pending:
+                future.cancel()  # a read still running owns its buffer, which is dropped
+
+    def read_files_into(self, targets: Sequence[tuple[str, memoryview]], *,
+                        progress: Callable[[int], None] | None = None) -> None:
+        """Read whole files straight into caller-given writable buffers, one per path and
+        exactly the file's size, every chunk verified.
+
+        One pipeline runs across all the files: up to ``prefetch`` ranged reads in flight,
+        each hashed on the pool thread that read it. Returns once every byte is in place and
+        verified. Raises :class:`CorruptSnapshot` (naming the chunk) at the first bad chunk,
+        after every read already started has ended; the buffers' contents are then undefined.
+        """
+        entries = {entry.path: entry for entry in self.manifest.files}
+        work: list[tuple[_Range, memoryview]] = []
+        for path, buffer in targets:
+            entry = entries[path]
+            view = memoryview(buffer).cast("B")
+            if view.readonly or len(view) != entry.size:
+                raise ValueError(f"{path}: need a writable buffer of {entry.size} bytes, got "
+                                 f"{'a read-only one' if view.readonly else f'{len(view)} bytes'}")
+            position = 0
+            for rng in _coalesce(entry.chunks):
+                work.append((rng, view[position:position + rng.length]))
+                position += rng.length
+            if position != entry.size:
+                raise CorruptSnapshot(f"{path}: its chunks add up to {position} bytes, not "
+                                      f"{entry.size}", seq=self.manifest.seq)
+        pending: deque[tuple[_Range, Future[int]]] = deque()
+        next_index = 0
+        try:
+            while next_index < len(work) or pending:
+                while next_index < len(work) and len(pending) < self._prefetch:
+                    rng, view = work[next_index]
+                    next_index += 1
+                    pending.append((rng, self._pool.submit(self._fetch_verified, rng, view)))
+                rng, future = pending.popleft()
+                future.result()
+                if progress is not None:
+                    progress(rng.length)
+        finally:
+            # Nothing may still write into the caller's buffers once this returns or raises.
+            for _, future in pending:
                 future.cancel()
+            for _, future in pending:
+                if not future.cancelled():
+                    try:
+                        future.result()
+                    except BaseException:  # noqa: BLE001 - the first error is being raised
+                        pass
 
     def read_file(self, path: str) -> bytes:
         """The whole verified file (for small files; use :meth:`iter_file` for big ones)."""

@@ -222,3 +222,110 @@ def test_finish_through_the_writer_marks_done(store: Store) -> None:
     ckpt.close()
     assert store.snapshots(Key.parse(KEY)) == []
     assert Checkpointer(store=store, key=KEY, preemption=None).restore(model=model, optimizer=opt) == 0
+
+
+def test_every_dtype_and_layout_survives_staging_and_restore(store: Store) -> None:
+    import numpy as np
+
+    model, opt = make()
+    odd = {
+        "strided": torch.randn(64, 48)[:, 3:40],
+        "scalar": torch.tensor(2.5),
+        "bf16": torch.randn(33).to(torch.bfloat16),
+        "complex": torch.randn(6, dtype=torch.complex64).conj(),
+        "flags": torch.tensor([True, False, True]),
+        "empty": torch.empty(0, 3),
+        "numpy": np.arange(10, dtype=">u4"),
+        "big": torch.randn(512, 1024),  # split across the copying threads
+    }
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    ckpt.extras.update(odd)
+    assert ckpt.save(0, wait=True) is not None
+    ckpt.close()
+    again = Checkpointer(store=store, key=KEY, preemption=None)
+    assert again.restore(model=model, optimizer=opt) == 1
+    again.close()
+    for name, value in odd.items():
+        got = again.extras[name]
+        if isinstance(value, np.ndarray):
+            assert got.dtype == value.dtype and np.array_equal(got, value)
+        else:
+            assert got.dtype == value.dtype and got.shape == value.shape, name
+            assert torch.equal(got, value.resolve_conj()), name
+
+
+def test_the_writer_is_started_by_restore(store: Store) -> None:
+    import os
+
+    model, opt = make()
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    pid = ckpt.writer_pid  # no snapshot yet
+    assert pid is not None
+    os.kill(pid, 0)  # alive
+    ckpt.close()
+
+
+def test_close_right_after_restore_leaves_no_writer_process(store: Store) -> None:
+    import os
+
+    def writers() -> set[int]:
+        found = set()
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == os.getpid() and b"cairn.state.sidecar" in command:
+                found.add(int(entry))
+        return found
+
+    model, opt = make()
+    before = writers()
+    ckpt = Checkpointer(store=store, key=KEY, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    ckpt.close()
+    assert writers() <= before
+
+
+def test_step_raises_only_after_max_failures_in_a_row(store: Store, caplog) -> None:
+    import os
+    import signal
+
+    from cairn.exceptions import StoreError
+
+    with pytest.raises(ConfigError, match="max_failures"):
+        Checkpointer(store=store, key=KEY, max_failures=0)
+    model, opt = big_model()
+    ckpt = Checkpointer(store=store, key=KEY, every_steps=10**6, every_seconds=None,
+                        preemption=None, max_failures=3)
+    ckpt.restore(model=model, optimizer=opt)
+
+    def failed_snapshot(step: int) -> None:
+        opt.step()  # new bytes: the writer has 128 MiB to hash before it could commit
+        ckpt.save(step)
+        os.kill(ckpt.writer_pid, signal.SIGKILL)
+        assert ckpt.wait(timeout=120)
+
+    with caplog.at_level("ERROR"):
+        failed_snapshot(0)
+        failed_snapshot(1)
+        assert not ckpt.step(2)  # two in a row: logged, training goes on
+    assert ckpt.failures == 2 and "2 of 3 allowed" in caplog.text
+    assert ckpt.save(3, wait=True) is not None  # a new writer; a success resets the count
+    assert ckpt.failures == 0
+    failed_snapshot(4)
+    failed_snapshot(5)
+    ckpt.step(6)  # again only max_failures - 1 in a row
+    failed_snapshot(7)
+    with pytest.raises(StoreError, match=r"3 snapshots in a row .*exited"):
+        ckpt.step(8)
+    with pytest.raises(StoreError):
+        ckpt.step(9)  # and it keeps raising
+    with pytest.raises(StoreError, match="not committed"):
+        ckpt.close()
+    assert [i.manifest.step for i in store.snapshots(Key.parse(KEY))] == [3]
