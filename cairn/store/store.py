@@ -45,6 +45,16 @@ from cairn.store.manifest import (
     dumps,
     manifest_from_json,
 )
+from cairn.store.outcomes import (
+    Outcome,
+    TryLog,
+    decode_outcome,
+    encode_outcome,
+    epoch_from_name,
+    outcome_name,
+    outcomes_prefix,
+    tries_from_records,
+)
 from cairn.store.reader import SnapshotReader
 from cairn.store.slotlog import (
     AttemptLog,
@@ -222,6 +232,38 @@ class Store:
 
     def history(self, key: Key) -> list[Record]:
         return self.log(key).records()
+
+    # -- outcome records (cairn.store.outcomes): how each try ended, for cairn.policy --------
+
+    def record_outcome(self, key: Key, outcome: Outcome) -> None:
+        """Store how try ``outcome.epoch`` of ``key`` ended, create-only: a second record for
+        the same epoch raises :class:`AlreadyExists` and leaves the first as it was."""
+        try:
+            self.backend.create(outcome_name(key.path, outcome.epoch),
+                                encode_outcome(outcome, key=key.components))
+        except AlreadyExists:
+            raise AlreadyExists(f"key {key}: try {outcome.epoch} already has an outcome record; "
+                                "each try's outcome is written once") from None
+
+    def outcomes(self, key: Key) -> list[Outcome]:
+        """Every readable outcome record of ``key``, oldest epoch first; unreadable or
+        unknown-schema records are skipped with a warning."""
+        out = []
+        for info in self.backend.list(outcomes_prefix(key.path)):
+            epoch = epoch_from_name(info.name)
+            if epoch is None or info.name != outcome_name(key.path, epoch):
+                continue
+            try:
+                out.append(decode_outcome(self.backend.read(info.name), epoch=epoch))
+            except NotFound:
+                continue
+            except ValueError as e:
+                log.warning("key %s: skipping outcome record %s: %s", key, info.name, e)
+        return out
+
+    def tries(self, key: Key) -> list[TryLog]:
+        """Each try (epoch) as the slot log records it: opened, snapshots kept, done."""
+        return tries_from_records(self.history(key))
 
     def manifest(self, key: Key, seq: int | None = None) -> Manifest:
         """The manifest of snapshot ``seq`` (default: the newest committed one)."""

@@ -1,0 +1,35 @@
+"""Placement and snapshot interval for the next try of a resumable step.
+
+``decide(options, History.from_store(store, key), deadline=...)`` returns a :class:`Placement`:
+the capacity option (spot first, cheapest per unit of work; on-demand after K preemptions or when
+the deadline is at risk), the snapshot interval (Young–Daly), whether to avoid nodes with
+scheduled maintenance, and a one-line reason. Pure and deterministic: no clock unless ``now`` is
+left out, no I/O except :meth:`History.from_store`. Imports neither Kubernetes nor torch.
+"""
+
+from __future__ import annotations
+
+from cairn.policy.decide import (
+    OptionEstimate,
+    Placement,
+    PolicySettings,
+    decide,
+    estimate_option,
+    poisson_quantile,
+    summarize,
+)
+from cairn.policy.history import History
+from cairn.policy.options import CapacityOption, check_options
+
+__all__ = [
+    "CapacityOption",
+    "History",
+    "OptionEstimate",
+    "Placement",
+    "PolicySettings",
+    "check_options",
+    "decide",
+    "estimate_option",
+    "poisson_quantile",
+    "summarize",
+]

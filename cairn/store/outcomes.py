@@ -1,0 +1,271 @@
+"""Outcome records: how each try (attempt epoch) of a key ended, and where it ran.
+
+The slot log says what was *committed*; an outcome says what *happened* to a try: succeeded,
+preempted, failed..., on which capacity option, how far it got, what its snapshots and restore
+cost, and the placement reason it was started with. :mod:`cairn.policy` reads them to place the
+next try; a UI shows them.
+
+Records live at ``keys/<key path>/@outcomes/<epoch:020d>.json``, one per epoch, create-only
+(a second record for the same epoch is :class:`~cairn.exceptions.AlreadyExists`): the try's
+own process, or the orchestrator that saw it end, writes it once. They are small and outside the
+slot log, so they neither fence nor are fenced, and retention and GC leave them alone. A record
+that cannot be read (corrupt, or a newer schema) is skipped with a warning, never fatal: outcomes
+are advice, not state.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from cairn.exceptions import ConfigError
+from cairn.store.slotlog import (
+    KEYS_PREFIX,
+    Record,
+    RecordKind,
+    seq_from_name,
+    utc_now,
+    writer_identity,
+)
+
+log = logging.getLogger(__name__)
+
+OUTCOME_SCHEMA = "cairn.outcome/1"
+OUTCOMES_DIR = "@outcomes"
+
+
+class OutcomeKind(str, enum.Enum):
+    """How a try ended. ``preempted`` and ``evicted`` are the capacity's doing (a spot reclaim;
+    a drain for maintenance or an upgrade), the rest the step's or the orchestrator's."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"          # the step's own error (exit code, exception)
+    PREEMPTED = "preempted"    # spot / preemptible capacity reclaimed
+    EVICTED = "evicted"        # node drained: maintenance, upgrade, scale-down
+    FENCED = "fenced"          # a newer try took the key over
+    KILLED = "killed"          # stopped by a person or a timeout
+
+    @property
+    def interrupted(self) -> bool:
+        """The capacity, not the step, ended the try."""
+        return self in (OutcomeKind.PREEMPTED, OutcomeKind.EVICTED)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a try got, in the step's own units (training steps, say).
+
+    ``start_step``: where the try began (the restored snapshot's step, 0 when fresh);
+    ``end_step``: where it was when it ended; ``kept_step``: the step of the last snapshot
+    committed by the end (what the next try resumes from); ``total_steps`` when the step knows
+    its length; ``snapshot_seq``: the seq of that last snapshot.
+    """
+
+    start_step: int | None = None
+    end_step: int | None = None
+    kept_step: int | None = None
+    total_steps: int | None = None
+    snapshot_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start_step", "end_step", "kept_step", "total_steps", "snapshot_seq"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise ConfigError(f"progress.{name} must be a non-negative integer or None, "
+                                  f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One try's outcome. Times are seconds since the Unix epoch; costs are seconds.
+
+    ``snapshot_cost_s``: the measured time a snapshot stalled or took (the median of the try's,
+    say); ``restore_cost_s``: the time the try spent restoring before it could work.
+    ``option``: the name of the capacity option the try ran on; ``reason``: the one-line reason
+    of the placement decision that put it there. ``detail``: free-form JSON.
+    """
+
+    epoch: int
+    outcome: OutcomeKind
+    started_at: float
+    ended_at: float
+    progress: Progress = field(default_factory=Progress)
+    snapshot_cost_s: float | None = None
+    restore_cost_s: float | None = None
+    option: str | None = None
+    reason: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 1:
+            raise ConfigError(f"outcome epoch must be a slot-log epoch (an integer >= 1), "
+                              f"got {self.epoch!r}")
+        if not isinstance(self.outcome, OutcomeKind):
+            try:
+                object.__setattr__(self, "outcome", OutcomeKind(self.outcome))
+            except ValueError:
+                kinds = ", ".join(k.value for k in OutcomeKind)
+                raise ConfigError(f"unknown outcome {self.outcome!r}; use one of {kinds}") from None
+        for name in ("started_at", "ended_at"):
+            if not _finite(getattr(self, name)):
+                raise ConfigError(f"outcome {name} must be a finite number of seconds since "
+                                  "the epoch")
+        if self.ended_at < self.started_at:
+            raise ConfigError("outcome ended_at is before started_at; swap them or fix the clock")
+        for name in ("snapshot_cost_s", "restore_cost_s"):
+            value = getattr(self, name)
+            if value is not None and (not _finite(value) or value < 0):
+                raise ConfigError(f"outcome {name} must be a non-negative number of seconds or "
+                                  f"None, got {value!r}")
+        if self.option is not None and (not isinstance(self.option, str) or not self.option):
+            raise ConfigError("outcome option must be a capacity option's name or None")
+        if self.reason is not None and ("\n" in self.reason or "\r" in self.reason):
+            raise ConfigError("outcome reason must be one line; put the rest in detail")
+        try:
+            json.dumps(dict(self.detail), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"outcome detail must be plain JSON data: {e}") from None
+
+    @property
+    def duration_s(self) -> float:
+        return self.ended_at - self.started_at
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "schema": OUTCOME_SCHEMA,
+            "epoch": self.epoch,
+            "outcome": self.outcome.value,
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
+            "progress": {"start_step": p.start_step, "end_step": p.end_step,
+                         "kept_step": p.kept_step, "total_steps": p.total_steps,
+                         "snapshot_seq": p.snapshot_seq},
+            "snapshot_cost_s": self.snapshot_cost_s,
+            "restore_cost_s": self.restore_cost_s,
+            "option": self.option,
+            "reason": self.reason,
+            "detail": dict(self.detail),
+        }
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(text: str) -> float:
+    """Seconds since the epoch of a ``...Z`` timestamp as the store writes them."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def outcomes_prefix(key_path: str) -> str:
+    return f"{KEYS_PREFIX}{key_path}/{OUTCOMES_DIR}/"
+
+
+def outcome_name(key_path: str, epoch: int) -> str:
+    return f"{outcomes_prefix(key_path)}{epoch:020d}.json"
+
+
+def encode_outcome(outcome: Outcome, *, key: tuple[str, ...]) -> bytes:
+    doc = outcome.to_json()
+    doc["key"] = list(key)
+    doc["created_at"] = utc_now()
+    doc["writer"] = writer_identity()
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def decode_outcome(data: bytes, *, epoch: int) -> Outcome:
+    """Parse one record stored at ``epoch``. Raises ValueError naming what is wrong."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        if doc.get("schema") != OUTCOME_SCHEMA:
+            raise ValueError(f"unknown outcome schema {doc.get('schema')!r} (this cairn reads "
+                             f"{OUTCOME_SCHEMA}); upgrade cairn to read it")
+        if doc.get("epoch") != epoch:
+            raise ValueError(f"record says epoch {doc.get('epoch')!r} but is stored at {epoch}")
+        p = doc.get("progress") or {}
+        return Outcome(
+            epoch=epoch,
+            outcome=OutcomeKind(doc["outcome"]),
+            started_at=parse_iso(doc["started_at"]),
+            ended_at=parse_iso(doc["ended_at"]),
+            progress=Progress(**{k: p.get(k) for k in ("start_step", "end_step", "kept_step",
+                                                         "total_steps", "snapshot_seq")}),
+            snapshot_cost_s=doc.get("snapshot_cost_s"),
+            restore_cost_s=doc.get("restore_cost_s"),
+            option=doc.get("option"),
+            reason=doc.get("reason"),
+            detail=doc.get("detail") or {},
+        )
+    except (KeyError, TypeError, AttributeError, ConfigError) as e:
+        raise ValueError(f"malformed outcome record: {e}") from None
+
+
+def epoch_from_name(name: str) -> int | None:
+    return seq_from_name(name)
+
+
+# -- what the slot log already tells about each try ------------------------------------------
+
+
+@dataclass(frozen=True)
+class SnapPoint:
+    """A committed snapshot as the log still lists it (retention prunes old ones)."""
+
+    seq: int
+    at: float
+    step: int | None
+
+
+@dataclass(frozen=True)
+class TryLog:
+    """One try as the slot log records it: when it opened, the snapshots it committed that
+    retention kept, whether it ended the key (``done``), and the seq it resumed from."""
+
+    epoch: int
+    opened_at: float
+    snapshots: tuple[SnapPoint, ...] = ()
+    done_at: float | None = None
+    resumed_from: int | None = None
+
+
+def tries_from_records(records: list[Record]) -> list[TryLog]:
+    """Group slot-log records by epoch, oldest first. Records with unreadable timestamps are
+    left out (with a warning) rather than failing the whole history."""
+    opened: dict[int, dict[str, Any]] = {}
+    for record in records:
+        try:
+            at = parse_iso(record.created_at)
+        except ValueError:
+            log.warning("key %s: seq %d has an unreadable timestamp %r; left out of the history",
+                        "/".join(record.key), record.seq, record.created_at)
+            continue
+        if record.kind is RecordKind.OPEN:
+            note = record.body.get("note") or {}
+            resumed = note.get("resumed_from") if isinstance(note, dict) else None
+            opened[record.epoch] = {"epoch": record.epoch, "opened_at": at, "snapshots": [],
+                                    "done_at": None,
+                                    "resumed_from": resumed if isinstance(resumed, int) else None}
+            continue
+        entry = opened.get(record.epoch)
+        if entry is None:
+            continue  # its open record is unreadable
+        if record.kind is RecordKind.SNAP and record.manifest is not None:
+            entry["snapshots"].append(SnapPoint(record.seq, at, record.manifest.step))
+        elif record.kind is RecordKind.DONE:
+            entry["done_at"] = at
+    return [TryLog(**{**e, "snapshots": tuple(e["snapshots"])})
+            for _, e in sorted(opened.items())]
