@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu test test-fast test-airflow demo bench clean
+.PHONY: all venv criu test test-fast test-airflow test-kfp demo demo-store bench clean
 
 all: test
 
@@ -51,10 +51,29 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
 
+## Kubeflow Pipelines components (kfp_components) in their own environment: kfp 2.17 pins
+## protobuf<7 and requests 2.33, which would move packages under the main suite.
+KFP_VENV  := .venv-kfp
+KFP_PY    := $(KFP_VENV)/bin/python
+KFP_STAMP := $(KFP_VENV)/.installed
+$(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constraints.txt
+	$(PYTHON) -m venv $(KFP_VENV)
+	$(KFP_PY) -m pip install --quiet 'torch==2.13.0'
+	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt -e '.[gcs,torch]' 'pytest>=8'
+	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt 'kfp==2.17.3' 'kfp-kubernetes==2.17.3'
+	$(KFP_PY) -m pip install --quiet --no-deps --no-build-isolation -e kfp_components
+	$(KFP_PY) -m pip check
+	touch $(KFP_STAMP)
+
 ## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(AF_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(AF_STAMP) $(KFP_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
+	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
+
+## make test-kfp: only the KFP components' tests
+test-kfp: $(KFP_STAMP)
+	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-airflow: only the Airflow provider's tests
 test-airflow: $(AF_STAMP)
@@ -64,8 +83,13 @@ test-airflow: $(AF_STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-## make demo: create the environment and run the main job on the embedded default (local store)
-demo: $(STAMP)
+## make demo: the cooperative training DAG on a local Airflow (LocalExecutor, SQLite, local
+## store), preempted mid-run; the retry resumes from the last snapshot
+demo: $(AF_STAMP)
+	$(AF_PY) scripts/demo_airflow.py
+
+## make demo-store: the store on its own (put, dedup, a corrupt snapshot skipped, gc)
+demo-store: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
 ## make bench: the store benchmark (1 GiB; run as root to drop the page cache between sides)
@@ -73,4 +97,4 @@ bench: $(STAMP)
 	$(PY) bench/store_bench.py
 
 clean:
-	rm -rf $(VENV) $(AF_VENV) .demo .pytest_cache
+	rm -rf $(VENV) $(AF_VENV) $(KFP_VENV) .demo .pytest_cache
