@@ -29,16 +29,20 @@ EVERY_STEPS = 100
         "total_steps": Param(TOTAL_STEPS, type="integer", minimum=1),
         "step_seconds": Param(0.0, type="number", minimum=0,
                               description="sleep per step, to make a demo run long enough to kill"),
+        "progress_log": Param("", type="string",
+                              description="a file to append '<pid> <step> <time>' to per step"),
     },
 )
 def cairn_cooperative_training() -> None:
     @task.cairn(every_steps=EVERY_STEPS, retries=3, retry_delay=timedelta(seconds=5))
     def train(ckpt, params=None):
+        import os
         import time
 
         import torch
 
         total, pause = int(params["total_steps"]), float(params["step_seconds"])
+        progress_log = params["progress_log"]
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -53,6 +57,9 @@ def cairn_cooperative_training() -> None:
             loss.backward()
             opt.step()
             ckpt.step(step)
+            if progress_log:
+                with open(progress_log, "a") as f:
+                    f.write(f"{os.getpid()} {step} {time.time():.3f}\n")
             if pause:
                 time.sleep(pause)
         return {"start_step": start, "end_step": total, "loss": loss.item()}

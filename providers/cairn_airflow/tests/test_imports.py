@@ -30,6 +30,7 @@ def test_import_cairn_airflow_imports_neither_airflow_nor_torch() -> None:
 def test_provider_modules_and_example_dags_import_no_torch_or_criu() -> None:
     loaded = _modules_after(
         "import cairn_airflow.hooks, cairn_airflow.operators, cairn_airflow.decorators\n"
+        "import cairn_airflow.command\n"
         "from airflow.sdk import task\n"
         "assert task.cairn is cairn_airflow.cairn_task\n"
         "from airflow.dag_processing.dagbag import DagBag\n"

@@ -1,0 +1,216 @@
+"""``CairnRunOperator``: run an unmodified command under ``cairn run`` (process mode).
+
+Contract of one try (``execute``):
+
+- the command runs under ``cairn run --store URL --key KEY`` with the task instance's key
+  ``(dag_id, task_id, run_id, map_index)`` (never the try number): the supervisor opens the
+  attempt where the workload runs and restores the newest compatible snapshot, so every retry
+  resumes the same work; a changed script never resumes a stale process (its content hash is
+  part of the snapshot's compatibility record);
+- the supervisor, and under it the workload, run in a session of their own, so Airflow's kill
+  of the task's process group does not strike them before a final snapshot; the supervisor has
+  a parent-death signal (SIGTERM), so a task process that dies without warning still lets it
+  snapshot and stop;
+- its output (the workload's stdout and stderr, echoed by the supervisor) goes to the task log
+  line by line as it comes;
+- ``on_kill`` only sends SIGTERM to the supervisor and returns: it runs inside Airflow's signal
+  handler, and the supervisor decides by its ``grace`` budget whether a final snapshot fits;
+- ``execute`` returns the XCom ``cairn`` metadata when the command succeeded (the key is then
+  marked done, unless ``keep_snapshots``); exit 75/76 (preempted, final snapshot committed or
+  not) raise :class:`cairn.exceptions.Preempted`, exit 5 (a newer try exists) raises
+  :class:`cairn.exceptions.Fenced`, any other non-zero exit an ``AirflowException`` naming it.
+
+Needs, on the worker: root and CRIU 4.x (``cairn doctor`` says what is missing; ``cairn run``
+exits 7 before starting the command when the host is not ready).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from cairn.exceptions import ConfigError
+from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+from cairn_airflow.operators import XCOM_KEY, task_key
+
+log = logging.getLogger(__name__)
+
+# cairn run's exit codes (cairn/process/supervisor.py and cairn/cli/main.py).
+EXIT_PREEMPTED_SAVED = 75
+EXIT_PREEMPTED_KEPT = 76
+EXIT_USAGE = 2
+EXIT_FENCED = 5
+EXIT_STORE = 6
+EXIT_HOST_NOT_READY = 7
+
+_PR_SET_PDEATHSIG = 1
+
+
+def cairn_executable() -> list[str]:
+    """How to start cairn's CLI on this worker: the ``cairn`` script next to this interpreter,
+    else on PATH, else ``python -m cairn.cli.main``."""
+    beside = os.path.join(os.path.dirname(sys.executable), "cairn")
+    if os.access(beside, os.X_OK):
+        return [beside]
+    found = shutil.which("cairn")
+    return [found] if found else [sys.executable, "-m", "cairn.cli.main"]
+
+
+def _duration(value: float | str, name: str) -> str:
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive (seconds, or a string like '30s', '10m')")
+        return f"{value:g}s"
+    return str(value)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the task's process dies (a SIGKILLed task gives
+    no warning; the supervisor then still takes its final snapshot if it fits)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class CairnRunOperator(BaseOperator):
+    """Runs ``command`` under ``cairn run`` so that a retry resumes the process from its last
+    snapshot (see the module docstring for the contract of one try).
+
+    :param command: the command and its arguments (a list; not a shell string).
+    :param every: time between periodic snapshots (seconds or ``"30s"``, ``"10m"``, ``"1h"``).
+    :param grace: seconds a final snapshot may take after SIGTERM (Airflow's kill from the UI
+        escalates to SIGKILL after 5 s: keep this below that there).
+    :param cwd: the command's working directory (default: the worker's).
+    :param env: more environment variables for the command.
+    :param keep_snapshots: on success, keep the snapshots instead of marking the key done.
+    :param cairn_conn_id: the ``cairn`` connection naming the store.
+    :param store_url: the store, overriding the connection.
+    :param workdir: ``cairn run --workdir`` (local staging for dumps).
+    """
+
+    template_fields: Sequence[str] = ("command", "env", "cwd", "every", "grace")
+    ui_color = "#c8b898"
+
+    def __init__(self, *, command: Sequence[str], every: float | str = "10m",
+                 grace: float | str = 4.0, cwd: str | None = None,
+                 env: Mapping[str, str] | None = None, keep_snapshots: bool = False,
+                 cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
+                 workdir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(command, str) or not command:
+            raise ConfigError("command must be a non-empty list such as ['python', 'train.py'] "
+                              "(cairn runs it without a shell)")
+        self.command = list(command)
+        self.every = _duration(every, "every")
+        self.grace = _duration(grace, "grace")
+        self.cwd = cwd
+        self.env = dict(env or {})
+        self.keep_snapshots = keep_snapshots
+        self.cairn_conn_id = cairn_conn_id
+        self.store_url = store_url
+        self.workdir = workdir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def store_config(self) -> StoreConfig:
+        if self.store_url:
+            return StoreConfig(url=self.store_url, source="the operator's store_url")
+        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+
+    def cairn_argv(self, url: str, key: Any) -> list[str]:
+        argv = [*cairn_executable(), "run", "--store", url, "--key", str(key),
+                "--every", self.every, "--grace", self.grace]
+        if self.workdir:
+            argv += ["--workdir", self.workdir]
+        if self.keep_snapshots:
+            argv.append("--keep")
+        return [*argv, "--", *map(str, self.command)]
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from cairn.exceptions import Fenced, Preempted
+
+        key = task_key(context)
+        config = self.store_config()
+        argv = self.cairn_argv(config.url, key)
+        log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
+        log.info("cairn: running %s", " ".join(argv))
+        env = {**os.environ, **config.env, **self.env}
+        # A session of its own: Airflow's group kill must not reach the workload before the
+        # supervisor has decided about a final snapshot.
+        proc = self._proc = subprocess.Popen(
+            argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        pump = threading.Thread(target=self._pump, args=(proc,), name="cairn-run-log",
+                                daemon=True)
+        pump.start()
+        code = proc.wait()
+        pump.join(timeout=10)
+        self._proc = None
+        meta = self._metadata(context, config.url, key, code)
+        if code == 0:
+            return meta
+        if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
+            saved = "committed" if code == EXIT_PREEMPTED_SAVED else "not taken (the previous one is kept)"
+            raise Preempted(f"cairn run was stopped; its final snapshot was {saved}; a retry "
+                            "resumes from the last committed snapshot")
+        if code == EXIT_FENCED:
+            raise Fenced(f"a newer try of {key} is running; this one stopped its workload")
+        from airflow.exceptions import AirflowException
+
+        why = {EXIT_USAGE: "usage error", EXIT_STORE: "the store is unreachable",
+               EXIT_HOST_NOT_READY: "this worker cannot run process mode (run `cairn doctor`)"}
+        raise AirflowException(f"cairn run exited with {code}"
+                               + (f": {why[code]}" if code in why else " (the command's own exit "
+                                  "status, 128+N for signal N)"))
+
+    def _pump(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            log.info("%s", raw.decode(errors="replace").rstrip("\n"))
+
+    def on_kill(self) -> None:
+        """Runs in Airflow's SIGTERM handler: tell the supervisor and return at once."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            log.warning("cairn: task killed; asking cairn run (pid %d) for a final snapshot "
+                        "within its %s grace", proc.pid, self.grace)
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def _metadata(self, context: Any, url: str, key: Any, code: int) -> dict[str, Any]:
+        """The XCom ``cairn``: the newest snapshot and the tries' epochs, read from the store."""
+        meta: dict[str, Any] = {"key": str(key), "store": url, "exit_code": code, "seq": None,
+                                "step": None, "snapshots": 0, "done": False,
+                                "try_number": getattr(context["ti"], "try_number", None)}
+        try:
+            from cairn.store import open_store
+            from cairn.store.slotlog import RecordKind
+
+            with open_store(url, create=False) as store:
+                history = store.history(key)
+                snaps = [r for r in history if r.kind is RecordKind.SNAP]
+                meta["snapshots"] = len(snaps)
+                meta["done"] = bool(history) and history[-1].kind is RecordKind.DONE
+                meta["epochs"] = sorted({r.epoch for r in history})
+                if snaps and snaps[-1].manifest is not None:
+                    meta["seq"], meta["step"] = snaps[-1].seq, snaps[-1].manifest.step
+        except Exception as e:  # noqa: BLE001 - metadata must never fail the task
+            log.warning("cairn: could not read the store for the XCom: %s", e)
+        try:
+            context["ti"].xcom_push(key=XCOM_KEY, value=meta)
+        except Exception as e:  # noqa: BLE001
+            log.warning("cairn: could not push the %r XCom: %s", XCOM_KEY, e)
+        return meta

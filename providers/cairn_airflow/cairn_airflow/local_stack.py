@@ -1,0 +1,202 @@
+"""A throwaway local Airflow 3 deployment, for ``make demo`` and the end-to-end tests:
+api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite.
+
+It is what ``airflow standalone`` runs, minus the triggerer, with its own AIRFLOW_HOME, a free
+port and short parse/heartbeat intervals, and the ``cairn_default`` connection naming a local
+store. REST calls go through the api-server. Authentication is the simple auth manager with
+``all_admins`` (every request is an admin): for a laptop or a test, never for a deployment.
+Nothing here imports Airflow; it starts Airflow's CLI with this interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+TERMINAL_RUN_STATES = {"success", "failed"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AirflowStack:
+    """Start with :meth:`start`, stop with :meth:`stop` (kills every component's group)."""
+
+    def __init__(self, home: Path, dags: Path, *, store: Path) -> None:
+        self.home = home
+        self.dags = dags
+        self.store = store
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        home.mkdir(parents=True, exist_ok=True)
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("AIRFLOW", "CAIRN_"))}
+        self.env.update({
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base}/execution/",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": self.base,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW_CONN_CAIRN_DEFAULT": json.dumps(
+                {"conn_type": "cairn", "extra": {"store_url": str(store)}}),
+        })
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, *, timeout: float = 180) -> None:
+        done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-2000:]}\n"
+                               f"{done.stderr[-2000:]}")
+        for name, args in (("api-server", ["api-server", "--port", str(self.port)]),
+                           ("scheduler", ["scheduler"]), ("dag-processor", ["dag-processor"])):
+            log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                health = self.get("/api/v2/monitor/health")
+                if health.get("scheduler", {}).get("status") == "healthy":
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"the Airflow stack was not healthy within {timeout:.0f}s\n"
+                           + self.logs_tail())
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"airflow {name} exited with {proc.returncode}\n"
+                                   + self.logs_tail())
+
+    def logs_tail(self, chars: int = 3000) -> str:
+        out = []
+        for name in self.procs:
+            path = self.home / f"{name}.log"
+            if path.exists():
+                out.append(f"--- {name}.log ---\n{path.read_text(errors='replace')[-chars:]}")
+        return "\n".join(out)
+
+    # -- REST -----------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read()[:500]!r}") from None
+        return json.loads(raw) if raw else None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def wait_for_dag(self, dag_id: str, *, timeout: float = 120) -> None:
+        """Until the dag-processor has parsed ``dag_id`` (then unpause it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                self.get(f"/api/v2/dags/{dag_id}")
+                self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+                return
+            except RuntimeError:
+                time.sleep(1)
+        raise RuntimeError(f"DAG {dag_id} was not parsed within {timeout:.0f}s\n"
+                           + self.logs_tail())
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        self.wait_for_dag(dag_id)
+        run = self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns",
+                           {"logical_date": None, "conf": conf})
+        return run["dag_run_id"]
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
+        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+
+    def wait_for(self, predicate: Any, *, what: str, timeout: float, every: float = 0.25) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            value = predicate()
+            if value:
+                return value
+            time.sleep(every)
+        raise TimeoutError(f"{what}: not within {timeout:.0f}s\n" + self.logs_tail())
+
+    def wait_for_run(self, dag_id: str, run_id: str, *, timeout: float) -> str:
+        def finished() -> str | None:
+            state = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            return state if state in TERMINAL_RUN_STATES else None
+
+        return self.wait_for(finished, what=f"run {run_id} of {dag_id} to finish",
+                             timeout=timeout, every=1)
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        entry = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                         f"/xcomEntries/{key}?deserialize=true&stringify=false")
+        return entry["value"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        doc = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                       f"/logs/{try_number}?full_content=true")
+        content = doc.get("content", "")
+        if isinstance(content, list):
+            return "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c)
+                             for c in content)
+        return str(content)

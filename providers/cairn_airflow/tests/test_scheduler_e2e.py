@@ -1,0 +1,143 @@
+"""End to end with a real Airflow scheduler: a task's process is SIGKILLed mid-run, Airflow
+retries it, and the retry resumes from the last snapshot instead of step 0.
+
+One stack (api-server, scheduler, dag-processor; LocalExecutor, SQLite) serves the module's
+tests; it runs the example DAGs of the repository's ``dags/`` folder. Each DAG's workload
+appends ``<pid> <step> <unix time>`` to a progress log after every step (opened per line, so a
+process snapshot does not carry it): what really ran, including work redone after a resume.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn_airflow.local_stack import AirflowStack
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+RETRY_DELAY_S = 2.0  # retry_delay in dags/process_training.py
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[AirflowStack]:
+    root = Path(tempfile.mkdtemp(prefix="cairn-af-stack-"))
+    s = AirflowStack(root / "home", REPO / "dags", store=root / "store")
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def read_progress(path: Path) -> list[tuple[int, int, float]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, step, at = line.split()
+        rows.append((int(pid), int(step), float(at)))
+    return rows
+
+
+def resume_point(rows: list[tuple[int, int, float]], *, min_gap_s: float) -> tuple[int, int]:
+    """(index of the first row after the resume, the last step the first life reached): the
+    first row whose step does not follow the previous one, or that follows it after more than
+    ``min_gap_s`` (the retry delay: a process restored exactly where its final snapshot froze
+    it goes on with the next step)."""
+    for i in range(1, len(rows)):
+        if rows[i][1] != rows[i - 1][1] + 1 or rows[i][2] - rows[i - 1][2] > min_gap_s:
+            return i, rows[i - 1][1]
+    raise AssertionError(f"the progress log shows no resume: steps {rows[0][1]}..{rows[-1][1]}")
+
+
+def _snapshots(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
+    from cairn.store import Key, open_store
+
+    if not (store / "cairn-store.json").exists():
+        return []
+    with open_store(str(store), create=False) as s:
+        return s.snapshots(Key(key))
+
+
+def _kill_task_process(stack: AirflowStack, dag_id: str, run_id: str) -> int:
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["state"] == "running" and ti["pid"], ti
+    os.kill(ti["pid"], signal.SIGKILL)
+    return ti["pid"]
+
+
+def test_a_killed_cooperative_task_resumes_from_its_snapshot(stack: AirflowStack,
+                                                            tmp_path: Path) -> None:
+    dag_id, every = "cairn_cooperative_training", 100  # EVERY_STEPS in the DAG file
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"total_steps": 600, "step_seconds": 0.01,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    stack.wait_for(lambda: any((i.manifest.step or 0) >= every for i in _snapshots(stack.store, key)),
+                   what="a committed snapshot past the first interval", timeout=120)
+    _kill_task_process(stack, dag_id, run_id)
+    assert stack.wait_for_run(dag_id, run_id, timeout=180) == "success", stack.logs_tail()
+
+    result = stack.xcom(dag_id, run_id, "train")
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    rows = read_progress(progress)
+    index, reached = resume_point(rows, min_gap_s=5.0)
+    assert result["start_step"] > 0 and result["end_step"] == 600
+    assert rows[index][1] == result["start_step"]
+    assert rows[index][0] != rows[index - 1][0], "the resumed steps ran in the same process"
+    redone = reached - result["start_step"] + 1
+    assert 0 <= redone <= every, f"redid {redone} steps; snapshots are {every} apart"
+    assert meta["resumed_step"] == result["start_step"] - 1 and meta["done"] is True
+    assert meta["try_number"] == 2
+    assert [r[1] for r in rows[index:]] == list(range(result["start_step"], 600))
+
+
+needs_criu = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("criu") is None and not os.access("/usr/local/sbin/criu", os.X_OK),
+    reason="process mode needs root and CRIU (make criu)")
+
+
+@needs_criu
+def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
+                                                        tmp_path: Path) -> None:
+    dag_id, every_s = "cairn_process_training", 3.0
+    progress = tmp_path / "progress.log"
+    steps = 2500
+    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": f"{every_s:g}s",
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    # The first dumps may catch the script still importing torch: kill once it has trained a
+    # while and a snapshot was committed after that.
+    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
+                   what="300 steps", timeout=300)
+    taken = len(_snapshots(stack.store, key))
+    stack.wait_for(lambda: len(_snapshots(stack.store, key)) > taken,
+                   what="a process snapshot taken after step 300", timeout=180)
+    _kill_task_process(stack, dag_id, run_id)
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+
+    rows = read_progress(progress)
+    index, reached = resume_point(rows, min_gap_s=RETRY_DELAY_S)
+    resumed_at = rows[index][1]
+    first_life = rows[:index]
+    assert resumed_at > 0, "the retry started the script over"
+    # The restored process is the same process (CRIU restores its PID) continuing from the
+    # step it was dumped at: it redoes only what ran after that dump.
+    assert rows[index][0] == first_life[-1][0]
+    redone = [r for r in first_life if r[1] >= resumed_at]
+    redone_s = redone[-1][2] - redone[0][2] if redone else 0.0
+    assert redone_s <= every_s, f"redid {len(redone)} steps over {redone_s:.1f}s; " \
+                                f"snapshots are {every_s:g}s apart"
+    assert [r[1] for r in rows[index:]] == list(range(resumed_at, steps))
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert meta["exit_code"] == 0 and meta["done"] is True and meta["try_number"] == 2
+    assert len(meta["epochs"]) >= 2
+    log = stack.task_log(dag_id, run_id, "train", 2)
+    assert "done: 2500 steps" in log, log[-2000:]
