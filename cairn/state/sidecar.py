@@ -12,8 +12,8 @@ committed is simply absent: nothing partial is ever visible. The writer runs in 
 so a signal sent to the trainer's process group does not kill it mid-persist; it exits when the
 trainer's end of the socket closes, after finishing what it is doing.
 
-The writer yields to training: it runs at the lowest CPU priority (``nice`` 19) and the lowest
-best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
+The writer yields to training: it runs under ``SCHED_IDLE`` (else at ``nice`` 19) and at the
+lowest best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
 training leaves idle rather than slowing its steps (see :func:`lower_priority`).
 
 Run as ``python -m cairn.state.sidecar FD [NICE]``; it imports neither torch nor the trainer's
@@ -167,18 +167,28 @@ _IOPRIO_CLASS_BE, _IOPRIO_CLASS_SHIFT, _IOPRIO_LOWEST_LEVEL = 2, 13, 7
 def lower_priority(nice: int) -> None:
     """Make the calling thread, and every thread it starts later, yield to the trainer.
 
-    CPU: ``nice`` more (the scheduler then gives it a small share of a core the trainer wants
-    and all of an idle one; at 19 its weight is 1.5% of a default thread's). I/O: the lowest
-    level of the best-effort class, not the idle class, which a busy disk (a data loader)
-    can starve for ever, leaving a snapshot never durable. Both are best effort: a
-    failure leaves the default priority. Linux applies both per thread, so this must run
-    before any thread (the store's pool, BLAKE3's) starts.
+    CPU: the ``SCHED_IDLE`` policy where the kernel has it, else ``nice`` more. Both give the
+    writer a small share of a core the trainer wants and all of an idle one, but only
+    ``SCHED_IDLE`` makes a waking trainer thread preempt the writer at once: with ``nice`` alone
+    a trainer thread leaving an OpenMP barrier can wait out the writer's time slice, and every
+    other thread of the parallel region waits with it. ``SCHED_IDLE`` needs no privilege (only
+    leaving it does) and still runs the writer, slowly, on a core that is never idle, so a
+    snapshot is never starved for ever. I/O: the lowest level of the best-effort class, not the
+    idle class, which a busy disk (a data loader) can starve for ever, leaving a snapshot never
+    durable. All best effort: a failure leaves the default priority. Linux applies these per
+    thread, so this must run before any thread (the store's pool, BLAKE3's) starts.
     """
     if nice > 0:
         try:
             os.nice(nice)
         except OSError as e:
             log.debug("nice(%d) failed: %s", nice, e)
+        idle = getattr(os, "SCHED_IDLE", None)
+        if idle is not None:
+            try:
+                os.sched_setscheduler(0, idle, os.sched_param(0))
+            except OSError as e:
+                log.debug("SCHED_IDLE unavailable: %s", e)
     number = _IOPRIO_SET.get(platform.machine().lower())
     if number is None or not sys.platform.startswith("linux"):
         return
