@@ -336,7 +336,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             grace_s=0.0 if args.grace in ("0", "0s") else parse_duration(args.grace),
             workdir=args.workdir, ghost_limit=args.ghost_limit_mb << 20,
             on_success=OnSuccess.KEEP if args.keep else OnSuccess.DROP,
-            preflight=not args.no_preflight, echo=not args.no_echo)
+            preflight=not args.no_preflight, echo=not args.no_echo,
+            notice_file=args.notice_file or None, status_file=args.status_file or None)
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -428,9 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the host checks at start (cairn doctor --preflight)")
     p.add_argument("--no-echo", action="store_true",
                    help="do not copy the command's output to this terminal")
+    p.add_argument("--notice-file", default=os.environ.get("CAIRN_NOTICE_FILE"), metavar="PATH",
+                   help="a preemption notice file written by `cairn sidecar`, polled every "
+                        "second and treated like SIGTERM (default $CAIRN_NOTICE_FILE)")
+    p.add_argument("--status-file", default=os.environ.get("CAIRN_STATUS_FILE"), metavar="PATH",
+                   help="write snapshot counters here after each snapshot, for `cairn sidecar`'s "
+                        "metrics (default $CAIRN_STATUS_FILE)")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     p.set_defaults(func=cmd_run, store=None)
+
+    from cairn.k8s.sidecar_cli import add_sidecar_parser  # stdlib only, like this module
+
+    add_sidecar_parser(sub)
     return parser
 
 
@@ -438,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="cairn run: %(message)s" if args.func is cmd_run else "cairn: %(message)s")
+                        format=f"cairn {args.command}: %(message)s"
+                        if args.command in ("run", "sidecar") else "cairn: %(message)s")
     try:
         if args.store is None:  # a host command (doctor, run)
             return args.func(args)

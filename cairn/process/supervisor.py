@@ -14,8 +14,12 @@ The supervisor is the command's parent for its whole life:
 * the workload never outlives the supervisor: a fresh child gets ``PR_SET_PDEATHSIG=SIGKILL``
   and a restored one keeps it, because CRIU restores it as the supervisor's child
   (``--restore-sibling``); the supervisor is also a child subreaper;
-* SIGTERM/SIGINT: a final dump (which stops the workload) only if the last measured snapshot
-  cost fits the grace budget; the exit code says whether it was committed;
+* SIGTERM/SIGINT, or a notice file written by the Kubernetes sidecar (``notice_file``, see
+  :mod:`cairn.k8s.channel`): a final dump (which stops the workload) only if the last measured
+  snapshot cost fits the budget — what is left of the grace, and of the notice's deadline; the
+  exit code says whether it was committed;
+* with ``status_file`` it reports its counters there after each snapshot (the sidecar serves
+  them as metrics);
 * when the command succeeds the key is marked done and its snapshots dropped.
 
 Exit codes: the workload's own when it ends by itself (128 + N when killed by signal N);
@@ -27,6 +31,7 @@ the *thread* that forked).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import logging
 import os
@@ -50,6 +55,7 @@ from cairn.exceptions import (
     NotSnapshottable,
     StoreError,
 )
+from cairn.k8s import channel  # stdlib only: the notice/status files shared with the sidecar
 from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
@@ -108,6 +114,8 @@ class RunSettings:
     on_success: OnSuccess = OnSuccess.DROP
     preflight: bool = True
     echo: bool = True  # copy the workload's output to the supervisor's stdout/stderr
+    notice_file: str | None = None  # polled for a sidecar's preemption notice (k8s)
+    status_file: str | None = None  # written after each snapshot, for the sidecar's metrics
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -217,6 +225,12 @@ class Supervisor:
         self._echo: _LogEcho | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here
+        self._notice: channel.Notice | None = None
+        self._status = channel.Status(pid=os.getpid(), started_at=time.time())
+        self._status_failed = False
+        # Workload run time carried by the snapshots, so a resume can say how much it saved.
+        self._runtime_base = 0.0
+        self._runtime_since = time.monotonic()
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -281,6 +295,11 @@ class Supervisor:
     def _supervise(self) -> int:
         s = self.settings
         offsets = self._start_workload()
+        self._runtime_since = time.monotonic()
+        if self.restored_from is not None:
+            self._report(resumes=1, work_saved_seconds=self._runtime_base)
+        else:
+            self._report()
         if s.echo:
             self._echo = _LogEcho([(self.stdout_path, sys.stdout.buffer),
                                    (self.stderr_path, sys.stderr.buffer)])
@@ -290,7 +309,7 @@ class Supervisor:
             status = self._reap()
             if status is not None:
                 return self._workload_ended(status)
-            if self._signal is not None:
+            if self._signal is not None or self._take_notice():
                 return self._preempted()
             now = time.monotonic()
             if next_dump is not None and now >= next_dump:
@@ -381,6 +400,7 @@ class Supervisor:
                 raise CriuFailed("the snapshot holds GPU state and libcuda cannot be loaded here")
             cuda_mod.resume_restored(api, gpu)
         self._attempt.resume_from(manifest)
+        self._runtime_base = float(snap_mod.process_info(manifest).get("runtime_s") or 0.0)
         tree = workload.process_tree(self.child)
         try:
             pids_mod.advance_past(tree)
@@ -461,6 +481,7 @@ class Supervisor:
         try:
             tree = workload.process_tree(self.child)
             tracked, gpu = self._check_dumpable(tree)
+            runtime = self._runtime_base + (time.monotonic() - self._runtime_since)
             os.makedirs(image_dir)
             if gpu:
                 api = self._cuda_api()
@@ -478,13 +499,15 @@ class Supervisor:
             report = snap_mod.ingest(
                 self._attempt, image_dir, tracked_paths=tracked, compat=self._compat,
                 info={"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
-                      "leave_running": leave_running})
+                      "leave_running": leave_running, "runtime_s": round(runtime, 3)})
         except Fenced:
             raise
         except (CairnError, OSError) as e:
             self.cost.failures += 1
             state = "keeps running" if leave_running else "was not stopped by a dump"
             log.error("snapshot failed (the workload %s): %s", state, e)
+            self._report(failures=self._status.failures + 1, last_error=str(e)[:500],
+                         last_error_at=time.time())
             return None
         finally:
             shutil.rmtree(image_dir, ignore_errors=True)
@@ -495,6 +518,11 @@ class Supervisor:
                    "image_bytes": report.image_bytes, "bytes_written": report.bytes_written,
                    "staging_bytes": staged}
         self.cost.history.append(figures)
+        st = self._status
+        self._report(snapshots=st.snapshots + 1, frozen_seconds=st.frozen_seconds +
+                     report.frozen_us / 1e6, stall_seconds=st.stall_seconds + dumped - started,
+                     bytes_written=st.bytes_written + report.bytes_written,
+                     last_seq=report.manifest.seq, last_success_at=time.time())
         log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU), image %.1f MB, written "
                     "%.1f MB (%.0f%%), staging %.1f MB, dump %.2fs + ingest %.2fs",
                     report.manifest.seq, report.frozen_us / 1000, report.image_bytes / 1e6,
@@ -549,10 +577,48 @@ class Supervisor:
                 log.error("the workload succeeded but marking the key done failed: %s", e)
         return 0
 
+    def _take_notice(self) -> bool:
+        """Whether a sidecar's notice arrived (it is then taken, and reported)."""
+        path = self.settings.notice_file
+        if path is None or self._notice is not None:
+            return False
+        try:
+            notice = channel.take_notice(path)
+        except (CairnError, OSError) as e:
+            log.error("ignoring an unreadable notice: %s", e)
+            return False
+        if notice is None:
+            return False
+        self._notice = notice
+        counts = dict(self._status.notices)
+        counts[notice.source] = counts.get(notice.source, 0) + 1
+        self._report(notices=counts)
+        return True
+
+    def _report(self, **changes: Any) -> None:
+        """Update the counters and, with ``status_file``, publish them (best effort)."""
+        self._status = dataclasses.replace(self._status, updated_at=time.time(), **changes)
+        path = self.settings.status_file
+        if path is None:
+            return
+        try:
+            channel.write_status(path, self._status)
+        except OSError as e:
+            if not self._status_failed:
+                log.warning("cannot write the status file %s: %s", path, e)
+            self._status_failed = True
+
     def _preempted(self) -> int:
-        assert self._signal is not None
-        name = signal.Signals(self._signal).name
-        remaining = self.settings.grace_s - (time.monotonic() - self._signal_at)
+        if self._signal is not None:
+            name = signal.Signals(self._signal).name
+            remaining = self.settings.grace_s - (time.monotonic() - self._signal_at)
+        else:
+            name, remaining = "notice", self.settings.grace_s
+        if self._notice is not None:
+            notice = self._notice
+            name = f"{name} ({notice.source}: {notice.reason})" if self._signal else \
+                f"notice from {notice.source} ({notice.reason})"
+            remaining = min(remaining, notice.seconds_left())
         if self.cost.seconds is not None:
             estimate, basis = self.cost.seconds, "the last snapshot took"
         else:
@@ -564,8 +630,9 @@ class Supervisor:
         kept = self._attempt.parent.seq if self._attempt.parent is not None else None
         kept_text = f"snapshot seq {kept} kept" if kept is not None else "no snapshot to keep"
         if estimate > remaining:
-            log.error("%s: no final snapshot: %s %.1fs and %.1fs of the %.0fs grace are left; "
-                      "%s", name, basis, estimate, remaining, self.settings.grace_s, kept_text)
+            log.error("%s: no final snapshot: %s %.1fs and %.1fs of the budget are left (grace "
+                      "%.0fs); %s", name, basis, estimate, remaining, self.settings.grace_s,
+                      kept_text)
             return EXIT_PREEMPTED_KEPT
         try:
             manifest = self._snapshot(leave_running=False)

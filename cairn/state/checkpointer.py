@@ -454,7 +454,7 @@ class Checkpointer:
         """A notice arrived: snapshot if the measured cost fits what is left, then chain."""
         assert self._notice is not None
         remaining = self._notice.remaining()
-        name = signal_names([self._notice.signum or 0])
+        name = self._notice.describe()
         seq = None
         if self.snapshot_cost_s is not None and self.snapshot_cost_s > remaining:
             log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",

@@ -6,6 +6,11 @@ the time left, takes it, and only *then* hands the signal on to whatever handler
 before (Airflow's task runner installs one): deferring the chain is what lets the final snapshot
 happen before that handler raises or the default action kills the process. If the loop does
 not reach ``step()`` within the budget, a second delivery of the signal is chained at once.
+
+On Kubernetes the sidecar container announces preemption through a notice file on the shared
+volume instead (:mod:`cairn.k8s.channel`): ``pending`` also takes that file, at most twice a
+second, and the budget is then also bounded by the notice's deadline. There is no signal to
+chain for such a notice.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from cairn.exceptions import ConfigError
+from cairn.exceptions import CairnError, ConfigError
+from cairn.k8s import channel
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[int, FrameType | None], Any] | int | None
+FILE_POLL_S = 0.5  # how often step() may look for a sidecar's notice file
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,13 @@ class PreemptionPolicy:
     ``budget_seconds`` is the time from the notice until the process will be killed: the
     smaller of the platform's notice (GKE spot: about 15 s unless extended; Airflow's UI kill:
     5 s) and the pod's termination grace. A final snapshot is attempted only when its measured
-    cost fits in what is left of it.
+    cost fits in what is left of it. ``notice_file``: a sidecar's notice file to poll (default
+    ``$CAIRN_NOTICE_FILE``, read when the notice is created; ``""`` for none).
     """
 
     signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
     budget_seconds: float = 25.0
+    notice_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.budget_seconds <= 0:
@@ -61,10 +70,41 @@ class PreemptionNotice:
         self._event = threading.Event()
         self._chained = False
         self._watchdog: threading.Timer | None = None
+        file = policy.notice_file
+        self.notice_file = os.environ.get("CAIRN_NOTICE_FILE") if file is None else file
+        self.notice: channel.Notice | None = None  # a sidecar's notice, once taken
+        self._next_poll = 0.0
+        self._poll_failed = False
 
     @property
     def pending(self) -> bool:
+        if not self._event.is_set() and self.notice_file:
+            now = time.monotonic()
+            if now >= self._next_poll:
+                self._next_poll = now + FILE_POLL_S
+                self._take_file()
         return self._event.is_set()
+
+    def _take_file(self) -> None:
+        try:
+            notice = channel.take_notice(self.notice_file)  # type: ignore[arg-type]
+        except (CairnError, OSError) as e:
+            if not self._poll_failed:
+                log.warning("cannot read the notice file: %s", e)
+            self._poll_failed = True
+            return
+        if notice is not None and not self._event.is_set():
+            self.notice = notice
+            self.received_at = time.monotonic()
+            self._event.set()
+
+    def describe(self) -> str:
+        """What the notice was: a signal's name, or the sidecar's source and reason."""
+        if self.signum is not None:
+            return signal.Signals(self.signum).name
+        if self.notice is not None:
+            return f"notice from {self.notice.source} ({self.notice.reason})"
+        return "preemption notice"
 
     def install(self) -> bool:
         """Install the handlers; False (and nothing installed) off the main thread."""
@@ -88,10 +128,16 @@ class PreemptionNotice:
         """Seconds left of the budget since the notice (the whole budget before one)."""
         if self.received_at is None:
             return self.policy.budget_seconds
-        return self.policy.budget_seconds - (time.monotonic() - self.received_at)
+        left = self.policy.budget_seconds - (time.monotonic() - self.received_at)
+        if self.notice is not None:
+            left = min(left, self.notice.seconds_left())
+        return left
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._event.is_set():
+            if self.signum is None:  # a sidecar's notice came first: chain this signal later
+                self.signum = signum
+                return
             # A second notice (or the watchdog below): the loop did not get to step() in time.
             self.chain(frame)
             return

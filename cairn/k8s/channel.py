@@ -1,0 +1,158 @@
+"""The files the supervisor and the sidecar container share: a preemption notice and a status.
+
+On Kubernetes the sidecar cannot signal the supervisor (no shared PID namespace, by design), so
+they talk through two small JSON files on the pod's shared ``emptyDir``:
+
+* ``notice.json``, written by the sidecar when a watcher hears of a preemption or maintenance:
+  ``{"version": 1, "source", "reason", "issued_at", "deadline"}`` (Unix times). The supervisor
+  polls it (one ``stat`` a second) and takes it by renaming it to ``notice.taken.json``, so a
+  restarted supervisor in the same pod does not act on it again.
+* ``status.json``, written by the supervisor after each snapshot: the counters the sidecar
+  serves as Prometheus metrics.
+
+Both are written to a temporary name in the same directory and renamed over the target, so a
+reader sees the old or the new file, never half of one. Stdlib only: the supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cairn.exceptions import ConfigError
+
+CHANNEL_VERSION = 1
+NOTICE_NAME = "notice.json"
+TAKEN_NAME = "notice.taken.json"
+STATUS_NAME = "status.json"
+
+
+def write_json_atomic(path: str, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` through a temporary file and a rename (readable by all, since
+    the sidecar and the supervisor may run as different users)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not a readable cairn channel file ({e}); remove it") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path} does not hold a JSON object; remove it")
+    return doc
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A preemption or maintenance notice: ``deadline`` is when the platform will stop the pod
+    (Unix seconds), as well as the sidecar knows it."""
+
+    source: str  # "gce-preempted", "gce-maintenance", "node-label", "sigterm"
+    reason: str
+    issued_at: float
+    deadline: float
+
+    def seconds_left(self, now: float | None = None) -> float:
+        return self.deadline - (time.time() if now is None else now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": CHANNEL_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Notice:
+        if doc.get("version") != CHANNEL_VERSION:
+            raise ConfigError(f"notice version {doc.get('version')!r} is not {CHANNEL_VERSION}; "
+                              "run the same cairn version in the sidecar and the main container")
+        try:
+            notice = cls(source=str(doc["source"]), reason=str(doc["reason"]),
+                         issued_at=float(doc["issued_at"]), deadline=float(doc["deadline"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"malformed notice ({e!r}): {doc}") from None
+        if not (math.isfinite(notice.issued_at) and math.isfinite(notice.deadline)):
+            raise ConfigError(f"notice times must be finite: {doc}")
+        return notice
+
+
+def write_notice(path: str, notice: Notice) -> None:
+    write_json_atomic(path, notice.to_json())
+
+
+def take_notice(path: str) -> Notice | None:
+    """The pending notice at ``path``, moved aside so that it is acted on once; None when there
+    is none. Cheap when there is none (one failed ``rename``)."""
+    taken = os.path.join(os.path.dirname(os.path.abspath(path)), TAKEN_NAME)
+    try:
+        os.replace(path, taken)
+    except FileNotFoundError:
+        return None
+    doc = _read_json(taken)
+    return None if doc is None else Notice.from_json(doc)
+
+
+def read_notice(path: str) -> Notice | None:
+    """The pending notice without taking it (for the sidecar and tests)."""
+    doc = _read_json(path)
+    return None if doc is None else Notice.from_json(doc)
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the supervisor reports after each snapshot (cumulative for its run)."""
+
+    pid: int
+    started_at: float
+    snapshots: int = 0
+    failures: int = 0
+    frozen_seconds: float = 0.0
+    stall_seconds: float = 0.0  # dump wall time: what a snapshot costs the workload end to end
+    bytes_written: int = 0
+    last_seq: int | None = None
+    last_success_at: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    resumes: int = 0
+    work_saved_seconds: float = 0.0  # workload run time a restore did not have to redo
+    notices: dict[str, int] = field(default_factory=dict)
+    updated_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": CHANNEL_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Status:
+        fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        try:
+            return cls(**fields)
+        except TypeError as e:
+            raise ConfigError(f"malformed status ({e}): {doc}") from None
+
+
+def write_status(path: str, status: Status) -> None:
+    write_json_atomic(path, status.to_json())
+
+
+def read_status(path: str) -> Status | None:
+    doc = _read_json(path)
+    return None if doc is None else Status.from_json(doc)

@@ -1,0 +1,188 @@
+"""``cairn sidecar``: the Kubernetes sidecar container's process. It never checkpoints.
+
+It watches for preemption notices (the GCE metadata server, optionally the node's maintenance
+label, its own SIGTERM), hands them to the supervisor in the main container through the notice
+file on the shared volume (:mod:`cairn.k8s.channel`), and serves ``/readyz`` and ``/metrics``
+from the status file the supervisor writes there. The supervisor decides, by its measured
+snapshot cost and the notice's deadline, whether a final snapshot fits.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from cairn.exceptions import ConfigError
+from cairn.k8s import channel, metrics
+from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
+
+log = logging.getLogger("cairn.sidecar")
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    shared_dir: str
+    port: int = 9464
+    host: str = "0.0.0.0"
+    metadata: MetadataSettings | None = MetadataSettings()  # None: not on GCE
+    node: NodeSettings | None = None  # None: the maintenance label is not watched
+    sigterm_window_s: float = 30.0  # the deadline a SIGTERM notice carries (the pod's grace)
+
+    def __post_init__(self) -> None:
+        if not os.path.isdir(self.shared_dir):
+            raise ConfigError(f"--shared {self.shared_dir} is not a directory: mount the pod's "
+                              "shared volume there (with_snapshot_sidecar does)")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a TCP port")
+
+    @property
+    def notice_path(self) -> str:
+        return os.path.join(self.shared_dir, channel.NOTICE_NAME)
+
+    @property
+    def status_path(self) -> str:
+        return os.path.join(self.shared_dir, channel.STATUS_NAME)
+
+
+class Sidecar:
+    """Construct, :meth:`start` (binds the port, starts the watchers), then :meth:`wait`."""
+
+    def __init__(self, settings: SidecarSettings) -> None:
+        self.settings = settings
+        self.notices_sent: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self.watchers: list[MetadataWatcher | NodeLabelWatcher] = []
+        if settings.metadata is not None:
+            for key in ("preempted", "maintenance-event"):
+                self.watchers.append(MetadataWatcher(settings.metadata, key, self.notify))
+        if settings.node is not None:
+            self.watchers.append(NodeLabelWatcher(settings.node, self.notify))
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    # -- notices ---------------------------------------------------------------------------
+
+    def notify(self, notice: channel.Notice) -> None:
+        """Publish ``notice`` unless a pending one already has an earlier deadline."""
+        with self._lock:
+            try:
+                pending = channel.read_notice(self.settings.notice_path)
+            except ConfigError as e:
+                log.warning("replacing an unreadable notice: %s", e)
+                pending = None
+            if pending is not None and pending.deadline <= notice.deadline:
+                log.warning("notice from %s (%s): one with an earlier deadline is pending",
+                            notice.source, notice.reason)
+                return
+            channel.write_notice(self.settings.notice_path, notice)
+            self.notices_sent[notice.source] = self.notices_sent.get(notice.source, 0) + 1
+        log.warning("notice from %s: %s; %.1fs to the deadline", notice.source, notice.reason,
+                    notice.seconds_left())
+
+    def _on_sigterm(self, signum: int, _frame: object) -> None:
+        # Native sidecars are stopped after the main containers, so the supervisor has usually
+        # gone by now; the notice is for the case where it has not.
+        now = time.time()
+        try:
+            self.notify(channel.Notice(source="sigterm", reason=signal.Signals(signum).name,
+                                       issued_at=now,
+                                       deadline=now + self.settings.sigterm_window_s))
+        except OSError as e:
+            log.error("cannot write the notice: %s", e)
+        self._stopped.set()
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        if not os.access(self.settings.shared_dir, os.W_OK | os.X_OK):
+            return False, f"cannot write to {self.settings.shared_dir}"
+        return True, "ok"
+
+    def metrics_page(self) -> str:
+        try:
+            status = channel.read_status(self.settings.status_path)
+        except ConfigError as e:
+            log.warning("%s", e)
+            status = None
+        return metrics.render(status, notices_sent=dict(self.notices_sent),
+                              watchers_healthy={w.name: w.healthy for w in self.watchers})
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        sidecar = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                if path in ("/readyz", "/healthz"):
+                    ok, why = sidecar.ready()
+                    self._send(200 if ok else 503, why + "\n", "text/plain; charset=utf-8")
+                elif path == "/metrics":
+                    self._send(200, sidecar.metrics_page(), metrics.CONTENT_TYPE)
+                else:
+                    self._send(404, "try /metrics or /readyz\n", "text/plain; charset=utf-8")
+
+            def _send(self, code: int, body: str, content_type: str) -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                log.debug("http: " + format, *args)
+
+        return Handler
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.server_address[1]
+
+    def start(self) -> None:
+        self._server = http.server.ThreadingHTTPServer((self.settings.host, self.settings.port),
+                                                       self._handler())
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="cairn-sidecar-http",
+                         daemon=True).start()
+        for watcher in self.watchers:
+            watcher.start()
+        log.warning("watching %s; metrics on port %d; shared %s",
+                    ", ".join(w.name for w in self.watchers) or "SIGTERM only", self.port,
+                    self.settings.shared_dir)
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_sigterm)
+
+    def wait(self) -> None:
+        while not self._stopped.wait(1.0):
+            pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for watcher in self.watchers:
+            watcher.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def run(settings: SidecarSettings) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code (0)."""
+    sidecar = Sidecar(settings)
+    sidecar.install_signal_handlers()
+    sidecar.start()
+    try:
+        sidecar.wait()
+    finally:
+        sidecar.stop()
+    log.warning("stopped")
+    return 0

@@ -1,0 +1,83 @@
+"""The ``cairn sidecar`` subcommand's arguments (imported by ``cairn.cli.main``; stdlib only)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from cairn.exceptions import ConfigError
+
+EPILOG = """The sidecar never checkpoints: it tells the supervisor (`cairn run --notice-file`)
+through DIR/notice.json and serves DIR/status.json as metrics. --watch-node-label needs a service
+account bound to a ClusterRole with get on nodes, and NODE_NAME from the downward API
+(docs/kubernetes.md). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad usage."""
+
+
+def add_sidecar_parser(sub: Any) -> None:
+    help_text = ("Kubernetes sidecar: watch for preemption notices, hand them to `cairn run`, "
+                 "serve /readyz and Prometheus /metrics.")
+    p = sub.add_parser("sidecar", help=help_text, description=help_text, epilog=EPILOG)
+    p.add_argument("--shared", required=True, metavar="DIR",
+                   help="the volume shared with the main container")
+    p.add_argument("--port", type=int, default=9464, help="metrics/readiness port (default 9464)")
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--metadata-url", default=None, metavar="URL",
+                   help="GCE metadata server (default $GCE_METADATA_HOST or "
+                        "http://metadata.google.internal)")
+    p.add_argument("--no-metadata", action="store_true",
+                   help="do not watch the metadata server (not on GCE)")
+    p.add_argument("--preemption-window", default="15s", metavar="DURATION",
+                   help="time a pod has after instance/preempted turns TRUE (GKE spot: 15s)")
+    p.add_argument("--watch-node-label", action="store_true",
+                   help="watch this node's cloud.google.com/scheduled-maintenance-time label")
+    p.add_argument("--node-name", default=None, help="default $NODE_NAME")
+    p.add_argument("--kube-api", default=None, metavar="URL",
+                   help="API server (default: in-cluster from KUBERNETES_SERVICE_HOST)")
+    p.add_argument("--kube-token-file", default=None, metavar="PATH",
+                   help="bearer token (default: the pod's service account token)")
+    p.add_argument("--label-interval", default="60s", metavar="DURATION",
+                   help="how often to read the node (default 60s)")
+    p.add_argument("--maintenance-lead", default="10m", metavar="DURATION",
+                   help="notify this long before the labelled maintenance time (default 10m)")
+    p.add_argument("--sigterm-window", default="30s", metavar="DURATION",
+                   help="deadline a notice from this container's SIGTERM carries (default 30s)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p.set_defaults(func=cmd_sidecar, store=None)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from cairn.k8s.sidecar import SidecarSettings
+    from cairn.k8s.watchers import MetadataSettings, NodeSettings, metadata_url_from_env
+    from cairn.process.supervisor import parse_duration
+
+    metadata = None
+    if not args.no_metadata:
+        metadata = MetadataSettings(base_url=args.metadata_url or metadata_url_from_env(),
+                                    preemption_window_s=parse_duration(args.preemption_window))
+    node = None
+    if args.watch_node_label:
+        extra: dict[str, Any] = {"interval_s": parse_duration(args.label_interval),
+                                 "lead_s": parse_duration(args.maintenance_lead)}
+        if args.kube_token_file:
+            extra["token_file"] = args.kube_token_file
+        if args.kube_api:
+            node = NodeSettings(node_name=args.node_name or os.environ.get("NODE_NAME", ""),
+                                api_url=args.kube_api, **extra)
+        else:
+            node = NodeSettings.in_cluster(node_name=args.node_name, **extra)
+    return SidecarSettings(shared_dir=args.shared, port=args.port, host=args.host,
+                           metadata=metadata, node=node,
+                           sigterm_window_s=parse_duration(args.sigterm_window))
+
+
+def cmd_sidecar(args: argparse.Namespace) -> int:
+    from cairn.k8s.sidecar import run
+
+    try:
+        settings = _settings(args)
+    except ConfigError as e:
+        print(f"cairn sidecar: error: {e}", file=sys.stderr)
+        return 2
+    return run(settings)

@@ -1,0 +1,452 @@
+"""``with_snapshot_sidecar``: a pure pod-spec transform that puts a step under cairn.
+
+It takes a Pod (a ``kubernetes.client.V1Pod`` or a plain manifest dict, camelCase as in YAML)
+and returns a new one of the same kind; the input is never modified. What it does, and why,
+is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.md:
+
+* the main container runs under ``cairn run`` (process mode), or gets ``CAIRN_STORE``,
+  ``CAIRN_KEY`` and ``CAIRN_NOTICE_FILE`` for ``Checkpointer.from_env()`` (state mode);
+* a native sidecar (an ``initContainers`` entry with ``restartPolicy: Always``) runs
+  ``cairn sidecar``: notices and metrics, small requests, non-root, no checkpointing;
+* one shared ``emptyDir`` carries the notice and status files and, in process mode, CRIU's
+  staging; memory-backed, its size is added to the main container's memory request and limit,
+  and so is the GPU memory the CUDA driver copies into host RAM before a dump;
+* ``terminationGracePeriodSeconds`` covers the measured final-snapshot cost plus a margin;
+* process mode gets the security settings measured in ADR 0008; state mode needs none;
+* optionally a node affinity that keeps the pod off nodes with scheduled maintenance.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+import math
+import warnings
+from typing import Any
+
+from cairn.exceptions import ConfigError
+from cairn.k8s import channel
+from cairn.k8s.quantity import format_bytes, parse_bytes, round_up_mib
+from cairn.k8s.watchers import MAINTENANCE_LABEL
+from cairn.store.keys import Key
+
+SIDECAR_NAME = "cairn-sidecar"
+VOLUME_NAME = "cairn-shared"
+SHARED_PATH = "/var/run/cairn"
+METRICS_PORT = 9464
+DEFAULT_GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
+GKE_SPOT_GRACE_S = 15.0  # what GKE's graceful node shutdown gives a pod on spot reclaim
+SIDECAR_UID = 65532
+# CRIU's images hold the resident memory plus what the CUDA driver moved off the GPU; the
+# pagemap and core images add a little on top.
+STAGING_HEADROOM = 1.10
+CHANNEL_ONLY_BYTES = 16 << 20
+# State mode stages a copy of the state in a memfd buffer sized to the state plus 1/8 (ADR 0006),
+# charged to the container's memory.
+STATE_STAGING_FACTOR = 1.125
+# ADR 0008: the measured set on top of the runtime's default capabilities.
+PROCESS_CAPABILITIES = ("SYS_ADMIN", "SYS_TIME", "NET_ADMIN", "SYS_PTRACE")
+# Kept from the runtime default set; named explicitly when the container drops ALL.
+PROCESS_DEFAULT_CAPABILITIES = ("SETPCAP", "SYS_CHROOT")
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class PodMode(str, enum.Enum):
+    """How the main container is snapshotted."""
+
+    PROCESS = "process"  # `cairn run -- CMD`: CRIU, needs the privileges of ADR 0008
+    STATE = "state"  # `cairn.Checkpointer.from_env()` in the user's code: runs anywhere
+
+
+class Staging(str, enum.Enum):
+    """What backs the shared volume."""
+
+    MEMORY = "memory"  # tmpfs: fastest dumps; counts against the memory limit
+    DISK = "disk"  # node disk: slower dumps; counts against ephemeral storage
+
+
+class GraceWarning(UserWarning):
+    """The final snapshot needs more time than the platform gives a preempted pod."""
+
+
+def _coerce(enum_type: type[enum.Enum], value: object, what: str) -> Any:
+    try:
+        return enum_type(value.value if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in enum_type)  # type: ignore[attr-defined]
+        raise ConfigError(f"{what} {value!r} is not one of {choices}") from None
+
+
+# -- V1Pod <-> dict ----------------------------------------------------------------------------
+
+def _as_manifest(pod: object) -> tuple[dict[str, Any], bool]:
+    """A deep copy of ``pod`` as a camelCase dict, and whether it was a ``V1Pod``."""
+    if isinstance(pod, dict):
+        return copy.deepcopy(pod), False
+    try:
+        from kubernetes.client import ApiClient, V1Pod
+    except ImportError:
+        V1Pod = None  # noqa: N806
+    if V1Pod is not None and isinstance(pod, V1Pod):
+        return copy.deepcopy(ApiClient().sanitize_for_serialization(pod)), True
+    raise ConfigError(f"with_snapshot_sidecar takes a Pod as a dict or a kubernetes.client.V1Pod, "
+                      f"not {type(pod).__name__}")
+
+
+def _to_v1pod(manifest: dict[str, Any]) -> Any:
+    from kubernetes.client import ApiClient
+
+    text = json.dumps(manifest)
+    client = ApiClient()
+    try:
+        return client.deserialize(text, "V1Pod", "application/json")
+    except TypeError:  # clients before 35 take a response object
+        class _Response:
+            data = text
+
+        return client.deserialize(_Response(), "V1Pod")  # type: ignore[call-arg]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _find_container(spec: dict[str, Any], name: str | None) -> dict[str, Any]:
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ConfigError("the pod has no spec.containers; pass a Pod manifest (for a Job or "
+                          "Deployment, pass its spec.template wrapped as a Pod)")
+    names = [c.get("name") for c in containers]
+    if name is None:
+        if len(containers) > 1:
+            raise ConfigError(f"the pod has containers {names}; say which runs the step with "
+                              "container=NAME")
+        return containers[0]
+    for c in containers:
+        if c.get("name") == name:
+            return c
+    raise ConfigError(f"no container named {name!r}; the pod has {names}")
+
+
+def _all_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+def _add_memory(container: dict[str, Any], extra: int) -> None:
+    """Raise the memory request and limit by ``extra`` bytes, where they are set."""
+    if extra <= 0:
+        return
+    resources = container.setdefault("resources", {})
+    for section in ("requests", "limits"):
+        values = resources.get(section)
+        if values and "memory" in values:
+            current = parse_bytes(values["memory"], what=f"{section}.memory")
+            values["memory"] = format_bytes(current + extra)
+
+
+def _merge_env(container: dict[str, Any], values: dict[str, str]) -> None:
+    env = container.setdefault("env", [])
+    existing = {e.get("name"): e for e in env}
+    for name, value in values.items():
+        if name in existing:
+            if existing[name].get("value") != value:
+                raise ConfigError(f"container {container.get('name')!r} already sets {name}="
+                                  f"{existing[name].get('value')!r}; remove it or pass that "
+                                  "value")
+            continue
+        env.append({"name": name, "value": value})
+
+
+def _process_security(spec: dict[str, Any], container: dict[str, Any],
+                      metadata: dict[str, Any]) -> None:
+    """ADR 0008's settings on the container that runs ``cairn run``."""
+    name = container["name"]
+    pod_sc = spec.get("securityContext") or {}
+    sc = container.setdefault("securityContext", {})
+    if sc.get("runAsNonRoot") or (pod_sc.get("runAsNonRoot") and "runAsUser" not in sc):
+        raise ConfigError(f"container {name!r} (or the pod) sets runAsNonRoot: CRIU in process "
+                          "mode runs as root; remove runAsNonRoot, or use mode='state'")
+    if sc.get("allowPrivilegeEscalation") is False:
+        raise ConfigError(f"container {name!r} sets allowPrivilegeEscalation: false, which the "
+                          "API rejects together with CAP_SYS_ADMIN (ADR 0008); remove it")
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser", 0))
+    if uid != 0:
+        raise ConfigError(f"container {name!r} runs as uid {uid}; process mode runs CRIU as "
+                          "root (runAsUser: 0)")
+    sc["runAsUser"] = 0
+    sc["seccompProfile"] = {"type": "Unconfined"}  # any filter stops the dump (ADR 0008)
+    caps = sc.setdefault("capabilities", {})
+    drop = list(caps.get("drop") or [])
+    blocked = [c for c in drop if c in PROCESS_CAPABILITIES + PROCESS_DEFAULT_CAPABILITIES]
+    if blocked:
+        raise ConfigError(f"container {name!r} drops {blocked}, which CRIU needs (ADR 0008); "
+                          "remove them from capabilities.drop")
+    add = list(caps.get("add") or [])
+    wanted = list(PROCESS_CAPABILITIES)
+    if "ALL" in drop:
+        wanted += PROCESS_DEFAULT_CAPABILITIES
+    caps["add"] = add + [c for c in wanted if c not in add]
+    # The annotation, not securityContext.appArmorProfile: the field is 1.30+, the annotation
+    # is honoured from 1.29 on (and mirrored into the field by newer API servers).
+    metadata.setdefault("annotations", {})[APPARMOR_ANNOTATION + name] = "unconfined"
+
+
+def _avoid_maintenance(spec: dict[str, Any]) -> None:
+    """AND "no scheduled maintenance" into every required node selector term (terms are ORed,
+    expressions within one are ANDed)."""
+    expression = {"key": MAINTENANCE_LABEL, "operator": "DoesNotExist"}
+    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        expressions = term.setdefault("matchExpressions", [])
+        if expression not in expressions:
+            expressions.append(dict(expression))
+
+
+def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
+             on_gce: bool, watch_node_label: bool, image_pull_policy: str | None) -> dict[str, Any]:
+    args = ["sidecar", "--shared", SHARED_PATH, "--port", str(port),
+            "--sigterm-window", f"{grace_s}s",
+            "--preemption-window", f"{preemption_window_s:g}s"]
+    if not on_gce:
+        args.append("--no-metadata")
+    if watch_node_label:
+        args.append("--watch-node-label")
+    container: dict[str, Any] = {
+        "name": SIDECAR_NAME,
+        "image": image,
+        "command": ["cairn"],
+        "args": args,
+        "restartPolicy": "Always",  # a native sidecar: up before, and after, the main container
+        "ports": [{"name": "cairn-metrics", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": port},
+                           "periodSeconds": 10, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
+                      "limits": {"memory": "128Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": VOLUME_NAME, "mountPath": SHARED_PATH}],
+    }
+    if image_pull_policy:
+        container["imagePullPolicy"] = image_pull_policy
+    if watch_node_label:
+        container["env"] = [{"name": "NODE_NAME",
+                             "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    return container
+
+
+def _check_store(store: str) -> str:
+    if not isinstance(store, str) or not store.strip():
+        raise ConfigError("store= is empty; give gs://BUCKET/PREFIX (or a path on a mounted "
+                          "persistent volume)")
+    scheme = store.split("://", 1)[0] if "://" in store else ""
+    if scheme not in ("", "file", "gs"):
+        raise ConfigError(f"store {store!r}: cairn stores are gs://BUCKET/PREFIX or a path")
+    return store.strip()
+
+
+def _seconds(value: float | None, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{what}={value!r} must be a number of seconds, zero or more")
+    return float(value)
+
+
+def _size(value: int | str | None, what: str) -> int | None:
+    return None if value is None else parse_bytes(value, what=what)
+
+
+# -- the transform -----------------------------------------------------------------------------
+
+def with_snapshot_sidecar(
+    pod: Any,
+    *,
+    store: str,
+    key: str,
+    mode: PodMode | str,
+    sidecar_image: str,
+    container: str | None = None,
+    every: str = "10m",
+    final_snapshot_s: float | None = None,
+    grace_margin_s: float = 10.0,
+    grace_cap_s: float | None = None,
+    state_bytes: int | str | None = None,
+    gpu_memory_bytes: int | str | None = None,
+    staging_bytes: int | str | None = None,
+    staging: Staging | str = Staging.MEMORY,
+    avoid_maintenance: bool = False,
+    watch_node_label: bool = False,
+    on_gce: bool = True,
+    metrics_port: int = METRICS_PORT,
+    image_pull_policy: str | None = None,
+) -> Any:
+    """A new pod whose ``container`` (default: the only one) runs under cairn.
+
+    ``store``/``key``: where the step's snapshots live and which work they are (``a/b/c``).
+    ``every``: the snapshot interval of ``cairn run`` (process mode; a state-mode
+    Checkpointer keeps its own policy).
+    ``final_snapshot_s``: the measured cost of a final snapshot; the grace becomes at least
+    that plus ``grace_margin_s``, and a :class:`GraceWarning` says so when it exceeds
+    ``grace_cap_s`` (the platform's limit on preemption: :data:`GKE_SPOT_GRACE_S` on GKE spot).
+    Staging (process mode): ``staging_bytes``, or estimated from ``state_bytes`` (the
+    workload's resident memory) plus ``gpu_memory_bytes`` (required when the container asks for
+    ``nvidia.com/gpu``). State mode: ``state_bytes`` adds the Checkpointer's staging buffer
+    (1.125 × the state, ADR 0006) to the memory. ``watch_node_label`` needs a service account
+    bound to
+    :func:`node_reader_rbac`. Raises :class:`ConfigError` naming the fix for bad input.
+    """
+    mode = _coerce(PodMode, mode, "mode")
+    staging = _coerce(Staging, staging, "staging")
+    store = _check_store(store)
+    Key.parse(key)  # raises ConfigError with the key rules
+    if not isinstance(sidecar_image, str) or not sidecar_image.strip():
+        raise ConfigError("sidecar_image= is empty; build containers/Dockerfile.sidecar and give "
+                          "its reference (pinned by tag or digest)")
+    if sidecar_image.endswith(":latest") or ":" not in sidecar_image.rsplit("/", 1)[-1] and \
+            "@" not in sidecar_image:
+        raise ConfigError(f"sidecar_image {sidecar_image!r} is not pinned: give a tag or a digest "
+                          "(not latest), so a node never runs a different sidecar than you tested")
+    if isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or \
+            not 0 < metrics_port < 65536:
+        raise ConfigError(f"metrics_port={metrics_port!r} is not a TCP port")
+    final_s = _seconds(final_snapshot_s, "final_snapshot_s")
+    margin_s = _seconds(grace_margin_s, "grace_margin_s")
+    cap_s = _seconds(grace_cap_s, "grace_cap_s")
+    state_n = _size(state_bytes, "state_bytes")
+    gpu_n = _size(gpu_memory_bytes, "gpu_memory_bytes") or 0
+    staging_n = _size(staging_bytes, "staging_bytes")
+
+    manifest, was_v1pod = _as_manifest(pod)
+    kind = manifest.get("kind")
+    if kind not in (None, "Pod"):
+        raise ConfigError(f"with_snapshot_sidecar transforms a Pod, not a {kind}: pass the pod "
+                          "template as {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': ..., "
+                          "'spec': template['spec']}")
+    metadata = manifest.setdefault("metadata", {})
+    spec = manifest.get("spec")
+    if not isinstance(spec, dict):
+        raise ConfigError("the pod has no spec")
+    main = _find_container(spec, container)
+    name = main.get("name")
+
+    # Idempotence is refused rather than guessed at: a second pass would wrap `cairn run` twice.
+    if any(c.get("name") == SIDECAR_NAME for c in _all_containers(spec)):
+        raise ConfigError(f"the pod already has a container named {SIDECAR_NAME!r}: it was "
+                          "transformed already")
+    if any(v.get("name") == VOLUME_NAME for v in spec.get("volumes") or []):
+        raise ConfigError(f"the pod already has a volume named {VOLUME_NAME!r}; rename it")
+    for c in _all_containers(spec):
+        if any(m.get("mountPath") == SHARED_PATH for m in c.get("volumeMounts") or []):
+            raise ConfigError(f"container {c.get('name')!r} already mounts {SHARED_PATH}")
+        if any(p.get("containerPort") == metrics_port for p in c.get("ports") or []):
+            raise ConfigError(f"container {c.get('name')!r} already uses port {metrics_port}; "
+                              "pass another metrics_port=")
+
+    gpus = ((main.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE)
+    uses_gpu = gpus not in (None, 0, "0")
+    if mode is PodMode.PROCESS:
+        if spec.get("shareProcessNamespace"):
+            raise ConfigError("process mode needs the main container in its own PID namespace "
+                              "(CRIU restores exact PIDs): remove shareProcessNamespace")
+        if every not in ("0", "never"):
+            from cairn.process.supervisor import parse_duration
+
+            parse_duration(every)  # raises ConfigError naming the accepted forms
+        argv = list(main.get("command") or []) + list(main.get("args") or [])
+        if not main.get("command"):
+            raise ConfigError(f"container {name!r} has no command: process mode wraps it in "
+                              "`cairn run -- CMD`, and the image's ENTRYPOINT is not in the pod "
+                              "spec; set command (and args) explicitly")
+        if argv[:2] == ["cairn", "run"]:
+            raise ConfigError(f"container {name!r} already runs `cairn run`; pass the bare "
+                              "command")
+        if uses_gpu and not gpu_n:
+            raise ConfigError(f"container {name!r} asks for {gpus} {GPU_RESOURCE}: give "
+                              "gpu_memory_bytes= (the GPU memory the job uses, all GPUs), which "
+                              "the driver copies into host RAM before a dump")
+        if staging_n is None:
+            if state_n is None:
+                raise ConfigError("give staging_bytes= (the staging volume's size) or "
+                                  "state_bytes= (the workload's resident memory) to size it")
+            staging_n = round_up_mib(int((state_n + gpu_n) * STAGING_HEADROOM))
+    elif staging_n is None:
+        staging_n = CHANNEL_ONLY_BYTES  # state mode: the volume carries only the channel files
+    staging_n = round_up_mib(max(staging_n, CHANNEL_ONLY_BYTES))
+
+    # Grace: at least the final snapshot plus a margin, never less than what was set.
+    current = spec.get("terminationGracePeriodSeconds")
+    grace = int(current) if current is not None else DEFAULT_GRACE_S
+    if final_s is not None:
+        needed = int(math.ceil(final_s + (margin_s or 0.0)))
+        grace = max(grace, needed)
+        if cap_s is not None and needed > cap_s:
+            warnings.warn(GraceWarning(
+                f"the final snapshot needs {needed}s (measured {final_s:g}s + {margin_s:g}s "
+                f"margin) but the platform gives a preempted pod {cap_s:g}s (GKE spot: "
+                f"{GKE_SPOT_GRACE_S:g}s): on preemption the last periodic snapshot is what "
+                f"resumes; snapshot more often (every=) or use on-demand nodes"), stacklevel=2)
+    spec["terminationGracePeriodSeconds"] = grace
+
+    # The shared volume, and what a memory-backed one costs the main container.
+    volume: dict[str, Any] = {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": format_bytes(staging_n)}}
+    if staging is Staging.MEMORY:
+        volume["emptyDir"]["medium"] = "Memory"
+    spec.setdefault("volumes", []).append(volume)
+    main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
+    extra_memory = (staging_n if staging is Staging.MEMORY else 0)
+    if mode is PodMode.PROCESS:
+        extra_memory += gpu_n
+    elif state_n:
+        extra_memory += round_up_mib(int(math.ceil(state_n * STATE_STAGING_FACTOR)))
+    _add_memory(main, extra_memory)
+
+    notice_file = f"{SHARED_PATH}/{channel.NOTICE_NAME}"
+    status_file = f"{SHARED_PATH}/{channel.STATUS_NAME}"
+    if mode is PodMode.PROCESS:
+        main["command"] = ["cairn", "run", "--store", store, "--key", key,
+                           "--every", every, "--grace", f"{grace}s",
+                           "--workdir", f"{SHARED_PATH}/run",
+                           "--notice-file", notice_file, "--status-file", status_file,
+                           "--", *argv]
+        main.pop("args", None)
+        _process_security(spec, main, metadata)
+    else:
+        _merge_env(main, {"CAIRN_STORE": store, "CAIRN_KEY": key,
+                          "CAIRN_NOTICE_FILE": notice_file})
+
+    window = grace if cap_s is None else min(float(grace), cap_s)
+    spec.setdefault("initContainers", []).insert(0, _sidecar(
+        image=sidecar_image.strip(), port=metrics_port, grace_s=grace,
+        preemption_window_s=window, on_gce=on_gce, watch_node_label=watch_node_label,
+        image_pull_policy=image_pull_policy))
+    if avoid_maintenance:
+        _avoid_maintenance(spec)
+    return _to_v1pod(manifest) if was_v1pod else manifest
+
+
+def node_reader_rbac(*, service_account: str, namespace: str,
+                     name: str = "cairn-node-reader") -> list[dict[str, Any]]:
+    """The ClusterRole and ClusterRoleBinding ``watch_node_label=True`` needs: ``get`` on
+    ``nodes`` (the sidecar reads its own Node's labels; nodes are cluster-scoped)."""
+    for what, value in (("service_account", service_account), ("namespace", namespace),
+                        ("name", name)):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{what}= is empty")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"{name}-{namespace}-{service_account}"[:253]},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account,
+                             "namespace": namespace}]}
+    return [role, binding]

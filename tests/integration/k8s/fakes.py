@@ -1,0 +1,160 @@
+"""Fakes for what cannot run on these machines: a GCE metadata server and a Kubernetes API
+server, each a small ``http.server`` on 127.0.0.1. Named fakes on purpose: they implement only
+what cairn's watchers use, as documented by Google and Kubernetes."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that went away mid long-poll (a stopped sidecar) is normal here.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+@dataclass
+class Request:
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+
+
+@dataclass
+class FakeMetadataServer:
+    """``/computeMetadata/v1/instance/{preempted,maintenance-event}`` with the real contract:
+    ``Metadata-Flavor: Google`` required (403 otherwise) and echoed; an ``ETag`` per value;
+    ``?wait_for_change=true`` blocks until the value's ETag differs from ``last_etag`` (or
+    ``timeout_sec`` passes) and answers at once when ``last_etag`` is stale or absent..."""
+
+    values: dict[str, str] = field(default_factory=lambda: {
+        "preempted": "FALSE", "maintenance-event": "NONE"})
+    requests: list[Request] = field(default_factory=list)
+    flavor_header: bool = True  # False: behave like a server that is not a metadata server
+    url: str = ""
+    closed: bool = False
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    @staticmethod
+    def etag(value: str) -> str:
+        return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+    def set(self, key: str, value: str) -> None:
+        with self._changed:
+            self.values[key] = value
+            self._changed.notify_all()
+
+    def waiting(self, key: str) -> int:
+        """How many long-polls for ``key`` came with the current value's ETag (the watcher has
+        seen the current value and is waiting for a change)."""
+        current = self.etag(self.values[key])
+        return sum(1 for r in list(self.requests) if r.path.endswith("/" + key)
+                   and r.query.get("last_etag") == current)
+
+    def answer(self, path: str, query: dict[str, str], headers: dict[str, str]) -> tuple[int, str, str]:
+        self.requests.append(Request(path, query, headers))
+        if headers.get("metadata-flavor") != "Google":
+            return 403, "Missing Metadata-Flavor:Google header.", ""
+        prefix = "/computeMetadata/v1/instance/"
+        key = path[len(prefix):] if path.startswith(prefix) else ""
+        if key not in self.values:
+            return 404, "not found", ""
+        with self._changed:
+            if query.get("wait_for_change") == "true":
+                timeout = float(query.get("timeout_sec", "60"))
+                last = query.get("last_etag")
+                if last is not None:
+                    self._changed.wait_for(lambda: self.closed or
+                                           self.etag(self.values[key]) != last,
+                                           timeout=min(timeout, 60))
+            value = self.values[key]
+        return 200, value, self.etag(value)
+
+
+@dataclass
+class FakeKubernetesAPI:
+    """``GET /api/v1/nodes/{name}`` with bearer-token auth (401 without, 403 for another
+    token), answering the Node's metadata. Labels are changed with :meth:`label`."""
+
+    token: str = "fake-token"
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    url: str = ""
+
+    def label(self, node: str, key: str, value: str | None) -> None:
+        labels = self.nodes.setdefault(node, {})
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+
+    def answer(self, path: str, query: dict[str, str], headers: dict[str, str]) -> tuple[int, str, str]:
+        self.requests.append(Request(path, query, headers))
+        auth = headers.get("authorization", "")
+        if not auth.startswith("Bearer "):
+            return 401, json.dumps({"kind": "Status", "code": 401, "reason": "Unauthorized"}), ""
+        if auth != f"Bearer {self.token}":
+            return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"}), ""
+        prefix = "/api/v1/nodes/"
+        name = urllib.parse.unquote(path[len(prefix):]) if path.startswith(prefix) else ""
+        if name not in self.nodes:
+            return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
+        node: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
+                                "metadata": {"name": name, "labels": dict(self.nodes[name])}}
+        return 200, json.dumps(node), ""
+
+
+@contextmanager
+def serve(fake: FakeMetadataServer | FakeKubernetesAPI) -> Iterator[str]:
+    """Serve ``fake`` on 127.0.0.1 (a free port); yields its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            parts = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(parts.query))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            code, body, etag = fake.answer(parts.path, query, headers)
+            data = body.encode()
+            self.send_response(code)
+            if isinstance(fake, FakeMetadataServer):
+                if fake.flavor_header:
+                    self.send_header("Metadata-Flavor", "Google")
+                if etag:
+                    self.send_header("ETag", etag)
+                self.send_header("Content-Type", "application/text")
+            else:
+                self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = _Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield fake.url
+    finally:
+        if isinstance(fake, FakeMetadataServer):
+            with fake._changed:  # release blocked long-polls
+                fake.closed = True
+                fake._changed.notify_all()
+        server.shutdown()
+        server.server_close()

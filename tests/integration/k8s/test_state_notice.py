@@ -1,0 +1,89 @@
+"""State mode on Kubernetes: a real ``Checkpointer`` training real torch takes the sidecar's
+notice file (``CAIRN_NOTICE_FILE``, as the pod transform sets it) in ``step()``."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from cairn.exceptions import Preempted
+from cairn.k8s import channel
+from cairn.state import Checkpointer
+from cairn.state.checkpointer import PersistMode
+from cairn.store import Key, open_store
+
+KEY = "dag/train/run-1"
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, notice_at: int,
+           deadline_in: float, every_steps: int | None) -> tuple[Preempted, Checkpointer, int]:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    notice_file = str(shared / channel.NOTICE_NAME)
+    monkeypatch.setenv("CAIRN_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("CAIRN_KEY", KEY)
+    monkeypatch.setenv("CAIRN_NOTICE_FILE", notice_file)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # Inline persistence: the writer process is not what these tests are about.
+    ckpt = Checkpointer.from_env(every_steps=every_steps, every_seconds=None,
+                                 persist=PersistMode.INLINE)
+    ckpt.restore(model=model, optimizer=opt)
+    step = -1
+    try:
+        with pytest.raises(Preempted) as caught:
+            for step in range(1000):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                if step == notice_at:  # the sidecar writes its notice, as on a spot reclaim
+                    now = time.time()
+                    channel.write_notice(notice_file, channel.Notice(
+                        source="gce-preempted", reason="instance/preempted is TRUE",
+                        issued_at=now, deadline=now + deadline_in))
+                ckpt.step(step)
+                if step > notice_at:
+                    # step() polls the file at most twice a second: let the poll come due.
+                    time.sleep(0.05)
+    finally:
+        ckpt.close()
+    assert not Path(notice_file).exists()  # taken
+    return caught.value, ckpt, step  # the step whose step() call raised
+
+
+def test_a_notice_file_ends_in_a_final_snapshot(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    preempted, _ckpt, last = _train(tmp_path, monkeypatch, notice_at=5, deadline_in=15,
+                                           every_steps=None)
+    assert preempted.seq is not None
+    assert "notice from gce-preempted" in str(preempted)
+    with open_store(str(tmp_path / "store"), create=False) as store:
+        (info, *_) = store.snapshots(Key.parse(KEY))
+        assert (info.seq, info.manifest.step) == (preempted.seq, last)  # the final one
+        assert store.verify(Key.parse(KEY)).ok
+
+
+def test_a_notice_past_its_deadline_keeps_the_last_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Periodic snapshots measure the cost first; a deadline already gone leaves no budget.
+    preempted, ckpt, last = _train(tmp_path, monkeypatch, notice_at=5, deadline_in=-1,
+                                every_steps=2)
+    assert ckpt.snapshot_cost_s is not None
+    assert preempted.seq is None and "no final snapshot" in str(preempted)
+    with open_store(str(tmp_path / "store"), create=False) as store:
+        newest = store.snapshots(Key.parse(KEY))[0].manifest
+    assert newest.step < last and (newest.step + 1) % 2 == 0  # a periodic one
