@@ -64,6 +64,7 @@ from cairn.process import snapshot as snap_mod
 from cairn.process import workload
 from cairn.process.images import read_unix_socket_paths
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
+from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
 from cairn.store.hashing import digest
 
 log = logging.getLogger("cairn.run")
@@ -281,8 +282,10 @@ class Supervisor:
             log.error("cannot open the store: %s", e)
             return EXIT_STORAGE
         self._compat = compat_mod.current_record(s.argv, cwd=self.cwd, criu=self._criu)
+        code: int | None = None
         try:
-            return self._supervise()
+            code = self._supervise()
+            return code
         finally:
             if self._echo is not None:
                 self._echo.stop()
@@ -290,6 +293,7 @@ class Supervisor:
             if self.child is not None:
                 self._kill_child()
             shutil.rmtree(self.staging, ignore_errors=True)
+            self._record_outcome(code)
             self._store.close()
 
     def _supervise(self) -> int:
@@ -645,6 +649,37 @@ class Supervisor:
         log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
                     "retries and resumes", name, manifest.seq, EXIT_PREEMPTED_SAVED)
         return EXIT_PREEMPTED_SAVED
+
+    def _record_outcome(self, code: int | None) -> None:
+        """Leave this try's outcome record (cairn.store.outcomes) for the next try and the UI;
+        best effort. ``code`` None: the supervisor itself failed."""
+        if code == 0:
+            kind = OutcomeKind.SUCCEEDED
+        elif code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
+            maintenance = self._notice is not None and "maintenance" in self._notice.source
+            kind = OutcomeKind.EVICTED if maintenance else OutcomeKind.PREEMPTED
+        elif code == EXIT_FENCED:
+            kind = OutcomeKind.FENCED
+        else:
+            kind = OutcomeKind.FAILED
+        detail: dict[str, Any] = {"mode": "process", "exit_code": code,
+                                  "snapshots": len(self.cost.history),
+                                  "failed_snapshots": self.cost.failures,
+                                  "runtime_s": round(self._runtime_base + time.monotonic()
+                                                     - self._runtime_since, 3)}
+        if self._signal is not None:
+            detail["signal"] = signal.Signals(self._signal).name
+        if self._notice is not None:
+            detail["notice"] = {"source": self._notice.source, "reason": self._notice.reason}
+        if self.restored_from is not None:
+            detail["resumed_from_seq"] = self.restored_from
+        last = self._attempt.parent
+        outcome = Outcome(
+            epoch=self._attempt.epoch, outcome=kind, started_at=self._status.started_at,
+            ended_at=max(time.time(), self._status.started_at),
+            progress=Progress(snapshot_seq=last.seq if last is not None else None),
+            snapshot_cost_s=self.cost.seconds, detail=detail)
+        record_best_effort(self._store, self.key, outcome)
 
     def _kill_child(self) -> None:
         """SIGKILL the workload's tree and reap it."""

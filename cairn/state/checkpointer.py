@@ -341,6 +341,12 @@ class Checkpointer:
         yield from snapshots[:count]
 
     @property
+    def epoch(self) -> int | None:
+        """The epoch of this try's attempt on the key (opened by :meth:`restore`), None before:
+        what an outcome record (:mod:`cairn.store.outcomes`) for this try is filed under."""
+        return self._attempt.epoch if self._attempt is not None else None
+
+    @property
     def mtbf_s(self) -> float | None:
         """Observed time between preemptions of this key (its attempts so far); None with
         fewer than two. Read from the key's log the first time it is needed."""

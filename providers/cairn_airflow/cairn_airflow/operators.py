@@ -28,6 +28,7 @@ import inspect
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -178,6 +179,7 @@ class CairnPythonOperator(PythonOperator):
     def execute(self, context: Any) -> Any:
         key = task_key(context)
         config = self.store_config()
+        started_at = time.time()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
         with _environ(self.cairn_env(config, key)):
             ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key)
@@ -186,6 +188,7 @@ class CairnPythonOperator(PythonOperator):
             except BaseException as error:
                 self._close_after(ckpt, error)
                 self._push_metadata(context, ckpt, config.url, key, done=False)
+                record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
                 raise
             finally:
                 self._cairn_ckpt = None
@@ -194,10 +197,12 @@ class CairnPythonOperator(PythonOperator):
                     self._finish(ckpt, config.url, key)
             except BaseException as error:
                 self._close_after(ckpt, error)
+                record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
                 raise
             if ckpt is not None:
                 ckpt.close()  # raises if the last snapshot was not committed
             self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots)
+            record_outcome(ckpt, config.url, key, started_at=started_at, error=None)
         return result
 
     def execute_callable(self) -> Any:
@@ -255,6 +260,39 @@ class CairnPythonOperator(PythonOperator):
             ti.xcom_push(key=XCOM_KEY, value=meta)
         except Exception as e:  # noqa: BLE001 - metadata must never fail the task
             log.warning("cairn: could not push the %r XCom: %s", XCOM_KEY, e)
+
+
+def record_outcome(ckpt: Any, url: str, key: Any, *, started_at: float,
+                   error: BaseException | None) -> None:
+    """Leave this try's outcome record in the store (best effort; the Checkpointer's epoch
+    names the try): succeeded, preempted, fenced, or failed — a user error is recorded before
+    the task fails, so a try without a record was killed from outside."""
+    epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
+    if epoch is None:
+        return
+    from cairn.exceptions import Fenced, Preempted
+    from cairn.store import open_store
+    from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
+
+    kind = (OutcomeKind.SUCCEEDED if error is None else OutcomeKind.PREEMPTED
+            if isinstance(error, Preempted) else OutcomeKind.FENCED
+            if isinstance(error, Fenced) else OutcomeKind.FAILED)
+    restored = ckpt.restored_from
+    detail: dict[str, Any] = {"mode": "state"}
+    if error is not None:
+        detail["error"] = f"{type(error).__name__}: {error}"[:500]
+    outcome = Outcome(
+        epoch=epoch, outcome=kind, started_at=started_at,
+        ended_at=max(time.time(), started_at),
+        progress=Progress(start_step=(restored.step + 1) if restored is not None
+                          and restored.step is not None else 0,
+                          kept_step=ckpt.committed_step, snapshot_seq=ckpt.committed_seq),
+        snapshot_cost_s=ckpt.snapshot_cost_s, detail=detail)
+    try:
+        with open_store(url, create=False) as store:  # the Checkpointer's may be closed
+            record_best_effort(store, key, outcome)
+    except Exception as e:  # noqa: BLE001 - an outcome must never fail the task
+        log.warning("cairn: could not record this try's outcome: %s", e)
 
 
 def _restored(ckpt: Any) -> bool:

@@ -95,6 +95,13 @@ def test_retry_resumes_from_the_snapshot_of_the_failed_try(airflow, cairn_store:
     with open_store(str(cairn_store)) as store:
         opens = [r for r in store.history(_key(run)) if r.kind is RecordKind.OPEN]
         assert len(opens) == 2  # one attempt per try, one key for both
+        # Each try filed its outcome under its own epoch: the user error, then the success.
+        failed, succeeded = store.outcomes(_key(run))
+    assert [failed.epoch, succeeded.epoch] == [r.epoch for r in opens]
+    assert failed.outcome.value == "failed" and "RuntimeError" in failed.detail["error"]
+    assert failed.progress.kept_step == last_snapshot_step
+    assert succeeded.outcome.value == "succeeded"
+    assert succeeded.progress.start_step == last_snapshot_step + 1
 
     # Resuming is exact: the same weights as a run that never failed.
     clean = airflow.run(_training_dag("cairn_train_clean"))
@@ -113,6 +120,11 @@ def test_sigterm_takes_a_final_snapshot_and_the_retry_resumes_after_it(
     assert result["try"] == 2 and result["start"] == 13
     meta = airflow.xcom(run, "train", key="cairn")
     assert meta["resumed_step"] == 12 and meta["done"] is True
+    from cairn.store import open_store
+
+    with open_store(str(cairn_store)) as store:
+        kinds = [(o.outcome.value, o.progress.kept_step) for o in store.outcomes(_key(run))]
+    assert kinds == [("preempted", 12), ("succeeded", TOTAL - 1)]
 
 
 def test_example_cooperative_training_dag_runs(airflow, cairn_store: Path, one_thread: None) -> None:

@@ -123,6 +123,13 @@ def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
     # The restored process continues with the very next step: none lost, none repeated.
     assert int(re.search(r"step (\d+)", again.stdout).group(1)) == at_kill[-1] + 1
     assert metric_steps(place["metrics"]) == list(range(400))
+    # Each try left its outcome record: preempted (with its final snapshot), then succeeded.
+    with open_store(str(place["store"]), create=False) as store:
+        first, second = store.outcomes(Key.parse("dag/task/1"))
+    assert (first.outcome.value, first.progress.snapshot_seq) == ("preempted", final)
+    assert first.detail["signal"] == "SIGTERM" and first.detail["exit_code"] == 75
+    assert (second.outcome.value, second.detail["resumed_from_seq"]) == ("succeeded", final)
+    assert second.epoch > first.epoch
 
 
 def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Path]) -> None:
@@ -133,6 +140,10 @@ def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Pat
     kept = run.committed()[-1]
     assert "no final snapshot" in run.stderr and f"snapshot seq {kept} kept" in run.stderr
     assert run.snapshots()[0] == kept
+    with open_store(str(place["store"]), create=False) as store:
+        (outcome,) = store.outcomes(Key.parse("dag/task/1"))
+    assert (outcome.outcome.value, outcome.detail["exit_code"]) == ("preempted", 76)
+    assert outcome.progress.snapshot_seq == kept
     assert gone(run.child_pid())
 
 
