@@ -47,9 +47,15 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip install --quiet 'torch==2.13.0'
 	$(AF_PY) -m pip install --quiet -e '.[gcs,torch]' 'pytest>=8'
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'apache-airflow==3.3.2'
+	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'selenium==4.51.0'
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
+
+## Debian's headless Chromium + chromedriver for the snapshots-page browser test (root)
+CHROMIUM_STAMP := .cache/chromium.installed
+$(CHROMIUM_STAMP): scripts/install_chromium.sh
+	bash scripts/install_chromium.sh && mkdir -p $(@D) && touch $@
 
 ## Kubeflow Pipelines components (kfp_components) in their own environment: kfp 2.17 pins
 ## protobuf<7 and requests 2.33, which would move packages under the main suite.
@@ -66,7 +72,7 @@ $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constr
 	touch $(KFP_STAMP)
 
 ## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(AF_STAMP) $(KFP_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(CHROMIUM_STAMP) $(AF_STAMP) $(KFP_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
@@ -76,7 +82,7 @@ test-kfp: $(KFP_STAMP)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-airflow: only the Airflow provider's tests
-test-airflow: $(AF_STAMP)
+test-airflow: $(CHROMIUM_STAMP) $(AF_STAMP)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-fast: skip the tests marked slow

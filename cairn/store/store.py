@@ -320,6 +320,7 @@ class Store:
         parent = self.latest_good(key, deep=False)
         note = dict(note or {})
         note.setdefault("resumed_from", parent.seq if parent else None)
+        note.setdefault("resumed_step", parent.step if parent else None)
         attempt_log = self.log(key).open_attempt(note=note)
         return Attempt(self, key, attempt_log, parent)
 

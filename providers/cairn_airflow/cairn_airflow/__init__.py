@@ -86,4 +86,5 @@ def get_provider_info() -> dict[str, Any]:
             },
         }],
         "task-decorators": [{"name": "cairn", "class-name": "cairn_airflow.decorators.cairn_task"}],
+        "extra-links": ["cairn_airflow.plugins.links.CairnSnapshotsLink"],
     }

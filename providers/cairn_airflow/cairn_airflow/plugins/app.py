@@ -1,0 +1,262 @@
+"""The FastAPI app the api-server mounts at ``/cairn``: one task instance's snapshots.
+
+Routes (query: ``dag_id``, ``task_id``, ``run_id``, ``map_index`` (default -1), ``verify``
+= ``present`` | ``deep``, ``conn_id`` = a ``cairn`` connection, default ``cairn_default``):
+
+- ``GET /cairn/snapshots``: the HTML page (works without JavaScript);
+- ``GET /cairn/api/snapshots``: the same report as JSON;
+- ``POST /cairn/api/snapshots/discard`` (JSON) and ``POST /cairn/snapshots/discard`` (the
+  page's form, answered with a redirect back to the page): forget the key's snapshots
+  (``Store.remove``: a ``done`` record fences a try still running, the next try starts fresh).
+
+Airflow does not put plugin apps behind its authentication, so every route depends on
+Airflow's own ``requires_access_dag("GET", TASK_INSTANCE)``: a valid JWT (``Authorization:
+Bearer`` or the UI's ``_token`` cookie) of a user who may read that DAG's task instances.
+Anonymous requests get 401, others 403; the page answers those with a short HTML page that
+links to the login, the API with Airflow's JSON error. Discarding needs what clearing a task
+instance needs (``PUT`` on its task instances); a form post authenticated by the cookie must
+come from the api-server's own origin.
+
+The key is the operator's own (:func:`cairn_airflow.operators.task_key`); the store is the
+``cairn`` connection's, parsed as :class:`cairn_airflow.hooks.CairnHook` does. An operator's
+``store_url=`` override is not known to the api-server; such tasks need a connection naming the
+same store. For ``gs://`` stores the api-server uses its own default credentials (a
+connection's ``gcs_keyfile_path`` is a path on the workers).
+"""
+
+from __future__ import annotations
+
+import enum
+from types import SimpleNamespace
+from typing import Annotated, Any
+from urllib.parse import urlencode, urlsplit
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+
+from cairn_airflow.hooks import DEFAULT_CONN_ID
+from cairn_airflow.plugins.paths import API_PATH, PAGE_PATH, URL_PREFIX
+
+class Verify(str, enum.Enum):
+    """How far the page checks each snapshot."""
+
+    PRESENT = "present"  # manifest reads and every pack exists (cheap)
+    DEEP = "deep"  # read every chunk and check its digest
+
+
+def parse_map_index(text: str | None) -> int:
+    """``map_index`` from a query; an absent or untemplated value (``{MAP_INDEX}``, which the
+    UI leaves for unmapped tasks) means -1."""
+    if text is None or text.strip() in ("", "{MAP_INDEX}"):
+        return -1
+    try:
+        return int(text)
+    except ValueError:
+        raise HTTPException(422, f"map_index must be an integer, not {text!r}") from None
+
+
+def _store_config(conn_id: str) -> Any:
+    """The store a ``cairn`` connection names, read the api-server's way (metadata DB, then
+    environment and secrets backends; the Task SDK's ``BaseHook`` sees no DB here). A missing
+    ``cairn_default`` means the local default store, as for the operator."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.models.connection import Connection
+
+    from cairn_airflow.hooks import StoreConfig, default_store_url, store_config_from_connection
+
+    try:
+        conn = Connection.get_connection_from_secrets(conn_id)
+    except AirflowNotFoundException:
+        if conn_id != DEFAULT_CONN_ID:
+            raise HTTPException(404, f"no connection {conn_id!r}") from None
+        return StoreConfig(url=default_store_url(), source="default (no cairn_default)")
+    if conn.conn_type != "cairn":
+        # Say nothing of its host: the reader may not read connections.
+        raise HTTPException(400, f"connection {conn_id!r} is not a cairn connection")
+    return store_config_from_connection(conn)
+
+
+def _airflow_tries(session: Any, *, dag_id: str, task_id: str, run_id: str,
+                   map_index: int) -> list[Any]:
+    """Each try of the task instance with its state (the current one and its history)."""
+    from sqlalchemy import select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from cairn_airflow.plugins.report import AirflowTry
+
+    tries = {}
+    for model in (TaskInstanceHistory, TaskInstance):
+        rows = session.scalars(select(model).where(
+            model.dag_id == dag_id, model.task_id == task_id, model.run_id == run_id,
+            model.map_index == map_index))
+        for row in rows:
+            tries[row.try_number] = AirflowTry(
+                try_number=row.try_number, state=str(row.state) if row.state else None,
+                start_date=row.start_date, end_date=row.end_date)
+    return sorted(tries.values(), key=lambda t: t.try_number)
+
+
+def _outcomes(store: Any, key: Any) -> list[Any] | None:
+    """The key's outcome records (``Store.outcomes``), or None when this cairn has none."""
+    reader = getattr(store, "outcomes", None)
+    return None if reader is None else list(reader(key))
+
+
+Ti = tuple[str, str, str, "str | None"]
+
+
+def ti_query(dag_id: Annotated[str, Query(min_length=1)],
+             task_id: Annotated[str, Query(min_length=1)],
+             run_id: Annotated[str, Query(min_length=1)],
+             map_index: str | None = None) -> Ti:
+    """The task instance a request names (``map_index`` parsed later: see parse_map_index)."""
+    return dag_id, task_id, run_id, map_index
+
+
+def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Verify,
+          conn_id: str, session: Any = None) -> Any:
+    """The :class:`~cairn_airflow.plugins.report.TaskReport` of one task instance."""
+    from cairn.exceptions import CairnError
+    from cairn.store import open_store
+    from cairn_airflow.operators import task_key
+    from cairn_airflow.plugins.report import TaskReport, build_report
+
+    ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)
+    key = task_key({"ti": ti})
+    try:
+        config = _store_config(conn_id)
+    except CairnError as e:
+        raise HTTPException(400, str(e)) from None
+    try:
+        store = open_store(config.url, create=False)
+    except CairnError as e:  # no store yet: nothing was ever snapshotted there
+        return TaskReport(key=str(key), store=config.url, state="no records",
+                          notes=(str(e),))
+    with store:
+        tries = (_airflow_tries(session, dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                map_index=map_index) if session is not None else [])
+        return build_report(store, key, deep=verify is Verify.DEEP, airflow_tries=tries,
+                            outcomes=_outcomes(store, key))
+
+
+def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str) -> Any:
+    """Forget the task instance's snapshots; returns (key, number removed)."""
+    from cairn.exceptions import CairnError
+    from cairn.store import open_store
+    from cairn_airflow.operators import task_key
+
+    key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                          map_index=map_index)})
+    try:
+        config = _store_config(conn_id)
+        with open_store(config.url, create=False) as store:
+            if not store.history(key):
+                raise HTTPException(404, f"key {key} has no records in {config.url}")
+            return key, store.remove(key)
+    except CairnError as e:
+        raise HTTPException(400, str(e)) from None
+
+
+def same_origin(request: Request) -> None:
+    """Refuse a cookie-authenticated post from another origin (the cookie is SameSite=Lax;
+    this also covers same-site neighbours). Bearer-token clients are not browsers' forms."""
+    if request.headers.get("authorization"):
+        return
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        raise HTTPException(403, f"refusing a form post from origin {origin!r}")
+
+
+def create_app() -> FastAPI:
+    """The plugin's app (the api-server mounts it at ``/cairn``)."""
+    # The one gate of every route: Airflow's own user and DAG-permission dependency.
+    can_read = [Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))]
+    can_discard = [Depends(requires_access_dag("PUT", DagAccessEntity.TASK_INSTANCE)),
+                   Depends(same_origin)]
+    app = FastAPI(title="cairn snapshots", description="A cairn task's snapshots and attempts.",
+                  docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get(API_PATH, dependencies=can_read)
+    def snapshots_json(session: SessionDep, ti: Annotated[Ti, Depends(ti_query)],
+                       verify: Verify = Verify.PRESENT,
+                       conn_id: str = DEFAULT_CONN_ID) -> JSONResponse:
+        dag_id, task_id, run_id, map_index = ti
+        report = build(dag_id, task_id, run_id, parse_map_index(map_index), verify=verify,
+                       conn_id=conn_id, session=session)
+        return JSONResponse(report.to_json())
+
+    @app.get(PAGE_PATH, dependencies=can_read, response_class=HTMLResponse)
+    def snapshots_page(request: Request, session: SessionDep,
+                       ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
+                       conn_id: str = DEFAULT_CONN_ID) -> HTMLResponse:
+        from cairn_airflow.plugins.page import page_links, render_page
+
+        dag_id, task_id, run_id, map_index = ti
+        index = parse_map_index(map_index)
+        report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=conn_id,
+                       session=session)
+        names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
+                 "map_index": str(index)}
+        if conn_id != DEFAULT_CONN_ID:
+            names["conn_id"] = conn_id
+        prefix = str(request.scope.get("root_path", "")).rstrip("/")
+        api_url, verify_url, discard_url = page_links(prefix, names)
+        discarded = request.query_params.get("discarded", "")
+        return HTMLResponse(render_page(report, ti=names, api_url=api_url,
+                                        verify_url=verify_url, discard_url=discard_url,
+                                        discarded=discarded if discarded.isdigit() else None))
+
+    @app.post(API_PATH + "/discard", dependencies=can_discard)
+    def discard_json(ti: Annotated[Ti, Depends(ti_query)],
+                     conn_id: str = DEFAULT_CONN_ID) -> JSONResponse:
+        dag_id, task_id, run_id, map_index = ti
+        key, removed = discard(dag_id, task_id, run_id, parse_map_index(map_index),
+                               conn_id=conn_id)
+        return JSONResponse({"key": str(key), "snapshots_removed": removed})
+
+    @app.post(PAGE_PATH + "/discard", dependencies=can_discard)
+    def discard_form(request: Request, ti: Annotated[Ti, Depends(ti_query)],
+                     conn_id: str = DEFAULT_CONN_ID) -> RedirectResponse:
+        dag_id, task_id, run_id, map_index = ti
+        index = parse_map_index(map_index)
+        _, removed = discard(dag_id, task_id, run_id, index, conn_id=conn_id)
+        names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
+                 "map_index": str(index), "discarded": str(removed)}
+        if conn_id != DEFAULT_CONN_ID:
+            names["conn_id"] = conn_id
+        prefix = str(request.scope.get("root_path", "")).rstrip("/")
+        return RedirectResponse(f"{prefix}{PAGE_PATH}?{urlencode(names)}", status_code=303)
+
+    @app.exception_handler(HTTPException)
+    def refuse(request: Request, exc: HTTPException) -> Any:
+        path = request.url.path.rstrip("/")
+        html = path.endswith(URL_PREFIX + PAGE_PATH) or path.endswith(URL_PREFIX + PAGE_PATH
+                                                                      + "/discard")
+        if html and exc.status_code in (401, 403):
+            return HTMLResponse(_refusal_page(exc.status_code, str(exc.detail)),
+                                status_code=exc.status_code)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    return app
+
+
+def _refusal_page(status: int, detail: str) -> str:
+    from html import escape
+
+    from airflow.api_fastapi.app import get_auth_manager
+
+    try:
+        login = get_auth_manager().get_url_login()
+    except Exception:  # noqa: BLE001 - the refusal must render whatever the auth manager does
+        login = "/"
+    what = ("Sign in to Airflow to see this task's snapshots." if status == 401 else
+            "Your Airflow user may not read this DAG's task instances.")
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>cairn snapshots: "
+            f"refused</title></head><body><h1 id=\"refused\">{status}: {escape(detail)}</h1>"
+            f"<p>{escape(what)} <a href=\"{escape(login)}\">"
+            "Sign in</a></p></body></html>")

@@ -1,0 +1,296 @@
+"""What the snapshots page shows for one key, read from a cairn store (no Airflow here).
+
+:func:`build_report` reads the key's slot log once (``Store.history``) and derives:
+
+- the retained snapshots (after the last ``done``) with size, bytes written, dedup ratio and a
+  verify status: ``present`` (manifest reads and every pack is there; cheap) or, with
+  ``deep=True``, ``verified`` / ``corrupt`` from reading every chunk (``Store.verify``);
+- one row per attempt (each ``open`` record is a try's epoch): what it resumed from, how many
+  steps it did not redo, the snapshots it committed, how it ended as far as the log tells, and
+  the outcome record when the store keeps them;
+- the progress points (time, step) for the chart, and the measured seconds per step, which
+  turns "steps not redone" into "time saved".
+
+Snapshot step semantics follow ``Checkpointer.step``: a snapshot at step ``s`` holds the state
+after step ``s``, so a resume from it skips ``s + 1`` steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from cairn.exceptions import CorruptSnapshot, StoreError
+from cairn.store import Key, Store
+from cairn.store.slotlog import Record, RecordKind
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    """One retained snapshot. ``dedup_ratio``: logical bytes per byte written (None when
+    nothing was written: everything was deduplicated)."""
+
+    seq: int
+    epoch: int
+    step: int | None
+    created_at: str
+    mode: str
+    bytes_logical: int
+    bytes_written: int
+    dedup_ratio: float | None
+    chunks: int | None
+    chunks_reused: int | None
+    status: str  # "present", "verified", "missing", "corrupt"
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AirflowTry:
+    """One Airflow try of the task instance, as the metadata DB has it (given by the caller)."""
+
+    try_number: int
+    state: str | None
+    start_date: datetime | None
+    end_date: datetime | None
+
+
+@dataclass(frozen=True)
+class TryRow:
+    """One attempt (an ``open`` record; its seq is the epoch).
+
+    ``resumed_step``: the step of the snapshot it resumed from (None: fresh start, or that
+    snapshot was pruned and the open record does not say); ``steps_saved``: steps it did not
+    redo; ``seconds_saved``: those steps times the measured seconds per step.
+    """
+
+    epoch: int
+    opened_at: str
+    mode: str | None
+    resumed_from: int | None
+    resumed_step: int | None
+    steps_saved: int | None
+    seconds_saved: float | None
+    snapshots: int
+    last_step: int | None
+    ended: str  # "succeeded", "removed", "followed by epoch N", "no done record"
+    outcome: str | None = None
+    airflow_try: int | None = None
+    airflow_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """A committed snapshot on the progress chart (``t``: seconds since the first record)."""
+
+    t: float
+    step: int
+    epoch: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A try that resumed: it opened at ``t`` and continued after ``step``."""
+
+    t: float
+    step: int
+    epoch: int
+    from_seq: int
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    key: str
+    store: str
+    state: str  # "no records", "active", "done"
+    snapshots: tuple[SnapshotRow, ...] = ()
+    tries: tuple[TryRow, ...] = ()
+    points: tuple[Point, ...] = ()
+    resumes: tuple[Resume, ...] = ()
+    started_at: str | None = None
+    seconds_per_step: float | None = None
+    steps_saved: int = 0
+    seconds_saved: float | None = None
+    deep_verified: bool = False
+    outcomes_available: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def parse_time(text: str) -> datetime:
+    """A record's ``created_at`` (``2026-11-29T22:04:04.123456Z``) as an aware datetime."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+
+
+def _since_last_done(records: Sequence[Record]) -> tuple[list[Record], bool]:
+    """The records of the current cycle: after the last ``done`` that is not the tail, or all
+    of them. A ``done`` at the tail ends the cycle it closes, which is still shown."""
+    done_at = [i for i, r in enumerate(records) if r.kind is RecordKind.DONE]
+    if not done_at:
+        return list(records), False
+    if done_at[-1] == len(records) - 1:
+        start = done_at[-2] + 1 if len(done_at) > 1 else 0
+        return list(records[start:]), True
+    return list(records[done_at[-1] + 1:]), False
+
+
+def _seconds_per_step(snaps: Sequence[Record]) -> float | None:
+    """The median of time/steps between consecutive snapshots of the same attempt."""
+    rates = []
+    for a, b in zip(snaps, snaps[1:]):
+        if a.epoch != b.epoch or a.manifest is None or b.manifest is None:
+            continue
+        if a.manifest.step is None or b.manifest.step is None or b.manifest.step <= a.manifest.step:
+            continue
+        dt = (parse_time(b.created_at) - parse_time(a.created_at)).total_seconds()
+        if dt > 0:
+            rates.append(dt / (b.manifest.step - a.manifest.step))
+    return statistics.median(rates) if rates else None
+
+
+def _snapshot_rows(store: Store, key: Key, snaps: Sequence[Record], *,
+                   deep: bool) -> list[SnapshotRow]:
+    verdicts: dict[int, str | None] = {}
+    if deep:
+        verdicts = dict(store.verify(key).results)
+    rows = []
+    for record in sorted(snaps, key=lambda r: r.seq, reverse=True):
+        manifest = record.manifest
+        assert manifest is not None
+        if deep:
+            reason = verdicts.get(record.seq)
+            status = "corrupt" if reason else "verified"
+        else:
+            try:
+                store.check_present(manifest)
+                status, reason = "present", None
+            except CorruptSnapshot as e:
+                status, reason = "missing", str(e)
+        meta = manifest.metadata
+        written = manifest.bytes_written
+        rows.append(SnapshotRow(
+            seq=record.seq, epoch=record.epoch, step=manifest.step,
+            created_at=record.created_at, mode=manifest.mode.value,
+            bytes_logical=manifest.bytes_logical, bytes_written=written,
+            dedup_ratio=(manifest.bytes_logical / written) if written else None,
+            chunks=meta.get("chunks"), chunks_reused=meta.get("chunks_reused"),
+            status=status, reason=reason))
+    return rows
+
+
+def _match_try(opened: datetime, tries: Sequence[AirflowTry]) -> AirflowTry | None:
+    """The Airflow try whose run time holds the moment the attempt opened."""
+    now = datetime.now(timezone.utc)
+    for t in sorted(tries, key=lambda t: t.try_number, reverse=True):
+        if t.start_date is None:
+            continue
+        end = t.end_date or now
+        if t.start_date <= opened <= end:
+            return t
+    return None
+
+
+def describe_outcome(outcome: Any) -> str:
+    """One line for an outcome record (:class:`cairn.store.outcomes.Outcome`)."""
+    kind = getattr(outcome.outcome, "value", outcome.outcome)
+    progress = getattr(outcome, "progress", None)
+    end = getattr(progress, "end_step", None)
+    parts = [str(kind)]
+    if end is not None:
+        parts.append(f"at step {end}")
+    if getattr(outcome, "reason", None):
+        parts.append(f"({outcome.reason})")
+    return " ".join(parts)
+
+
+def build_report(store: Store, key: Key, *, deep: bool = False,
+                 airflow_tries: Iterable[AirflowTry] = (),
+                 outcomes: Iterable[Any] | None = None) -> TaskReport:
+    """The report for ``key`` (see the module docstring). ``outcomes``: the key's outcome
+    records (``Store.outcomes``; None when the store has none); an outcome's
+    ``progress.start_step`` gives the resumed step when retention removed that snapshot.
+    ``airflow_tries`` lets each attempt name the Airflow try it ran in."""
+    records = store.history(key)
+    if not records:
+        return TaskReport(key=str(key), store=store.url, state="no records")
+    cycle, done = _since_last_done(records)
+    tries_list = list(airflow_tries)
+    by_epoch = {o.epoch: o for o in outcomes} if outcomes is not None else {}
+    snaps = [r for r in cycle if r.kind is RecordKind.SNAP and r.manifest is not None]
+    opens = [r for r in cycle if r.kind is RecordKind.OPEN]
+    per_step = _seconds_per_step(snaps)
+    step_of = {r.seq: r.manifest.step for r in snaps if r.manifest is not None}
+    origin = parse_time(cycle[0].created_at) if cycle else parse_time(records[0].created_at)
+    notes: list[str] = []
+
+    tries: list[TryRow] = []
+    resumes: list[Resume] = []
+    total_saved = 0
+    for i, rec in enumerate(opens):
+        note = rec.body.get("note") or {}
+        # Bookkeeping attempts (a discard, the operator marking a key done for a subprocess)
+        # ran no work: they resumed nothing.
+        bookkeeping = note.get("purpose") == "remove" or note.get("mode") == "airflow-finish"
+        resumed_from = None if bookkeeping else note.get("resumed_from")
+        outcome = by_epoch.get(rec.seq)
+        resumed_step = note.get("resumed_step", step_of.get(resumed_from))
+        if resumed_step is None and resumed_from is not None and outcome is not None:
+            resumed_step = getattr(outcome.progress, "start_step", None)
+        steps_saved = resumed_step + 1 if isinstance(resumed_step, int) else None
+        own = [r for r in snaps if r.epoch == rec.seq]
+        ending = [r for r in cycle if r.kind is RecordKind.DONE and r.epoch == rec.seq]
+        if ending:
+            ended = "removed" if ending[0].body.get("reason") == "removed" else "succeeded"
+        elif i + 1 < len(opens):
+            ended = f"followed by epoch {opens[i + 1].seq}"
+        else:
+            ended = "no done record"
+        opened = parse_time(rec.created_at)
+        matched = _match_try(opened, tries_list)
+        if resumed_from is not None and resumed_step is None:
+            notes.append(f"epoch {rec.seq} resumed from seq {resumed_from}, which retention "
+                         "has removed; its step is unknown")
+        if isinstance(resumed_step, int):
+            total_saved += resumed_step + 1
+            resumes.append(Resume(t=(opened - origin).total_seconds(), step=resumed_step,
+                                  epoch=rec.seq, from_seq=int(resumed_from)))
+        tries.append(TryRow(
+            epoch=rec.seq, opened_at=rec.created_at,
+            mode="discard" if note.get("purpose") == "remove" else note.get("mode"),
+            resumed_from=resumed_from, resumed_step=resumed_step, steps_saved=steps_saved,
+            seconds_saved=(steps_saved * per_step
+                           if steps_saved is not None and per_step is not None else None),
+            snapshots=len(own),
+            last_step=max((r.manifest.step for r in own
+                           if r.manifest is not None and r.manifest.step is not None),
+                          default=None),
+            ended=ended,
+            outcome=describe_outcome(outcome) if outcome is not None else None,
+            airflow_try=matched.try_number if matched else None,
+            airflow_state=matched.state if matched else None))
+
+    points = tuple(Point(t=(parse_time(r.created_at) - origin).total_seconds(),
+                         step=r.manifest.step, epoch=r.epoch, seq=r.seq)
+                   for r in snaps if r.manifest is not None and r.manifest.step is not None)
+    if done:
+        notes.append("the task succeeded: its snapshots were removed (keep_snapshots=True keeps "
+                     "them); the attempts below are what the log still holds")
+    try:
+        rows = _snapshot_rows(store, key, snaps, deep=deep)
+    except StoreError as e:
+        rows = []
+        notes.append(f"could not check the snapshots: {e}")
+    return TaskReport(
+        key=str(key), store=store.url, state="done" if done else "active",
+        snapshots=tuple(rows), tries=tuple(tries), points=points, resumes=tuple(resumes),
+        started_at=cycle[0].created_at if cycle else None, seconds_per_step=per_step,
+        steps_saved=total_saved,
+        seconds_saved=total_saved * per_step if per_step is not None else None,
+        deep_verified=deep, outcomes_available=outcomes is not None, notes=tuple(notes))

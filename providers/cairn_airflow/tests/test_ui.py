@@ -1,0 +1,400 @@
+"""The snapshots page of a real ``@task.cairn`` run, behind Airflow's real authentication.
+
+One DAG run per module (``dag.test()``, SQLite, torch): try 1 trains, snapshots every 5 steps
+and crashes after step 14; try 2 resumes after step 14 and finishes (``keep_snapshots=True``
+keeps the snapshots to show). Then:
+
+- in-process, a FastAPI app with Airflow's own ``init_plugins`` (the plugin mounted through
+  its ``airflow.plugins`` entry point) and ``init_auth_manager`` (the Simple auth manager, users
+  from the environment, its ``/auth/token`` login), driven with FastAPI's TestClient;
+- a real ``airflow api-server`` process, and the page opened in Debian's headless Chromium
+  through selenium after logging in on Airflow's login form; a screenshot is saved to
+  ``providers/cairn_airflow/test-artifacts/cairn_snapshots.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOTAL, EVERY, CRASH_AFTER = 25, 5, 14
+DAG_ID, TASK_ID = "cairn_ui_train", "train"
+PASSWORDS = {"admin": "admin-pw", "viewer": "viewer-pw", "nobody": "nobody-pw"}
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACT = ARTIFACTS / "cairn_snapshots.png"  # the page itself
+ARTIFACT_IN_AIRFLOW = ARTIFACTS / "cairn_snapshots_in_airflow.png"  # the task instance's tab
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    store: Path
+    env: dict[str, str]
+
+    @property
+    def query(self) -> str:
+        return urlencode({"dag_id": DAG_ID, "task_id": TASK_ID, "run_id": self.run_id,
+                          "map_index": -1})
+
+
+def _training_dag():  # noqa: ANN202 - an Airflow DAG
+    from airflow.sdk import DAG, task
+
+    with DAG(DAG_ID, schedule=None) as dag:
+        # Inline persistence: no writer process to start (the page does not care how).
+        @task.cairn(task_id=TASK_ID, every_steps=EVERY, retries=1,
+                    retry_delay=timedelta(seconds=1), keep_snapshots=True,
+                    checkpointer_options={"persist": "inline"})
+        def train(ckpt, ti=None):
+            import torch
+
+            torch.manual_seed(0)
+            frozen = torch.nn.Linear(256, 256)  # never trained: deduplicated between snapshots
+            frozen.requires_grad_(False)
+            head = torch.nn.Linear(256, 1)
+            opt = torch.optim.SGD(head.parameters(), lr=0.01)
+            start = ckpt.restore(models={"frozen": frozen, "head": head}, optimizer=opt)
+            for step in range(start, TOTAL):
+                x = torch.randn(8, 256)
+                loss = head(frozen(x)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                ckpt.step(step)
+                if ti.try_number == 1 and step == CRASH_AFTER:
+                    raise RuntimeError(f"simulated crash after step {step}")
+            return {"start": start}
+
+        train()
+    return dag
+
+
+def _sync(dag: Any) -> None:
+    """Serialize a DAG built here into the metadata DB, as the dag-processor would."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+        session.flush()
+        update_dag_parsing_results_in_db("dags-folder", None, [LazyDeserializedDAG.from_dag(dag)],
+                                         {}, None, set(), session=session)
+
+
+@pytest.fixture(scope="module")
+def run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The DAG run, the store it wrote, and the environment of an authenticated Airflow."""
+    import torch
+
+    root = tmp_path_factory.mktemp("cairn-ui")
+    store = root / "cairn-store"
+    passwords = root / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    env = {
+        "AIRFLOW_CONN_CAIRN_DEFAULT": json.dumps({"conn_type": "cairn",
+                                                  "extra": {"store_url": str(store)}}),
+        # The default auth manager (Simple): "nobody" has no role, so no DAG access.
+        "AIRFLOW__CORE__AUTH_MANAGER":
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer,nobody:",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__API_AUTH__JWT_SECRET": "cairn-ui-test-" + "0123456789abcdef" * 4,  # >= 64 bytes
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        dag = _training_dag()
+        _sync(dag)
+        dag_run = dag.test()
+        torch.set_num_threads(threads)
+        assert dag_run.state == "success"
+        yield Run(run_id=dag_run.run_id, store=store, env=env)
+
+
+@pytest.fixture(scope="module")
+def client(run: Run) -> Iterator[Any]:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import init_auth_manager, init_plugins
+
+    app = FastAPI()
+    init_plugins(app)
+    init_auth_manager(app)
+    with TestClient(app) as client:
+        yield client
+
+
+def _token(client: Any, user: str) -> str:
+    response = client.post("/auth/token", json={"username": user, "password": PASSWORDS[user]})
+    assert response.status_code == 201, response.text
+    return response.json()["access_token"]
+
+
+def test_anonymous_and_unauthorized_requests_are_refused(client: Any, run: Run) -> None:
+    page = client.get(f"/cairn/snapshots?{run.query}")
+    assert page.status_code == 401
+    assert 'id="refused"' in page.text and "Not authenticated" in page.text
+    assert "snapshot-row" not in page.text and run.run_id not in page.text
+    api = client.get(f"/cairn/api/snapshots?{run.query}")
+    assert api.status_code == 401 and api.json() == {"detail": "Not authenticated"}
+
+    forged = client.get(f"/cairn/api/snapshots?{run.query}",
+                        headers={"Authorization": "Bearer not-a-jwt"})
+    assert forged.status_code == 403 and "snapshots" not in forged.json()
+
+    nobody = {"Authorization": f"Bearer {_token(client, 'nobody')}"}
+    denied = client.get(f"/cairn/api/snapshots?{run.query}", headers=nobody)
+    assert denied.status_code == 403 and denied.json() == {"detail": "Forbidden"}
+    denied_page = client.get(f"/cairn/snapshots?{run.query}", headers=nobody)
+    assert denied_page.status_code == 403 and "may not read" in denied_page.text
+
+
+def test_the_api_reports_the_runs_snapshots_and_its_resume(client: Any, run: Run) -> None:
+    from cairn.store import Key, open_store
+
+    headers = {"Authorization": f"Bearer {_token(client, 'viewer')}"}
+    response = client.get(f"/cairn/api/snapshots?{run.query}", headers=headers)
+    assert response.status_code == 200, response.text
+    report = response.json()
+    key = Key((DAG_ID, TASK_ID, run.run_id, "-1"))
+    assert report["key"] == str(key) and report["state"] == "active"
+    with open_store(str(run.store)) as store:
+        expected = [(i.seq, i.manifest.step, i.manifest.bytes_written)
+                    for i in store.snapshots(key)]
+    assert [(s["seq"], s["step"], s["bytes_written"]) for s in report["snapshots"]] == expected
+    assert [s["step"] for s in report["snapshots"]] == [24, 19, 14]
+    assert all(s["status"] == "present" for s in report["snapshots"])
+    # The frozen layer is deduplicated: later snapshots write less than their size.
+    assert all(s["dedup_ratio"] is None or s["dedup_ratio"] > 1 for s in report["snapshots"][:2])
+    first, second = report["tries"]
+    assert first["resumed_from"] is None and first["last_step"] == CRASH_AFTER
+    assert second["resumed_step"] == CRASH_AFTER and second["steps_saved"] == CRASH_AFTER + 1
+    assert (first["airflow_try"], second["airflow_try"]) == (1, 2)
+    assert second["airflow_state"] == "success"
+    assert report["steps_saved"] == CRASH_AFTER + 1
+
+
+def test_the_page_and_deep_verify(client: Any, run: Run) -> None:
+    headers = {"Authorization": f"Bearer {_token(client, 'viewer')}"}
+    page = client.get(f"/cairn/snapshots?{run.query}", cookies=None, headers=headers)
+    assert page.status_code == 200
+    assert page.text.count('class="snapshot-row"') == 3
+    assert page.text.count('class="try-row"') == 2
+    assert f"{CRASH_AFTER + 1} steps not redone" in page.text
+    assert f'href="/cairn/api/snapshots?{run.query}"' in page.text.replace("&amp;", "&")
+    assert f'action="/cairn/snapshots/discard?{run.query}"' in page.text.replace("&amp;", "&")
+
+    deep = client.get(f"/cairn/api/snapshots?{run.query}&verify=deep", headers=headers).json()
+    assert deep["deep_verified"] and {s["status"] for s in deep["snapshots"]} == {"verified"}
+
+
+# -- a real api-server and a real browser --------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def api_server(run: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import httpx
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("api-server") / "api-server.log"
+    env = {**os.environ, **run.env}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
+             "--port", str(port), "--workers", "1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"api-server exited {proc.returncode}:\n"
+                                   f"{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"api-server not healthy:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's, with its chromedriver); skips, before any server starts,
+    when it or selenium is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("Debian's chromium and chromium-driver are not installed: run "
+                    "scripts/install_chromium.sh")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,1100"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def test_a_browser_logs_in_and_sees_the_snapshots(browser: Any, api_server: str,
+                                                  run: Run) -> None:
+    import httpx
+
+    page_path = f"/cairn/snapshots?{run.query}"
+    anonymous = httpx.get(api_server + page_path)
+    assert anonymous.status_code == 401 and 'id="refused"' in anonymous.text
+    assert "snapshot-row" not in anonymous.text
+    anonymous_api = httpx.get(f"{api_server}/cairn/api/snapshots?{run.query}")
+    assert anonymous_api.status_code == 401
+    assert anonymous_api.json() == {"detail": "Not authenticated"}
+
+    # The extra link, as Airflow's own REST API gives it for the task instance.
+    token = httpx.post(f"{api_server}/auth/token",
+                       json={"username": "viewer", "password": PASSWORDS["viewer"]})
+    assert token.status_code == 201, token.text
+    links = httpx.get(f"{api_server}/api/v2/dags/{DAG_ID}/dagRuns/{run.run_id}/taskInstances/"
+                      f"{TASK_ID}/links",
+                      headers={"Authorization": f"Bearer {token.json()['access_token']}"})
+    assert links.status_code == 200, links.text
+    assert links.json()["extra_links"] == {"cairn snapshots": page_path}
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(api_server + page_path)
+    assert browser.find_element(By.ID, "refused").text.startswith("401")
+
+    browser.get(f"{api_server}/auth/login?{urlencode({'next': page_path})}")
+    wait = WebDriverWait(browser, 60)
+    wait.until(ec.presence_of_element_located((By.NAME, "username")))
+    browser.find_element(By.NAME, "username").send_keys("viewer")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORDS["viewer"])
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "snapshots")))
+
+    assert browser.find_element(By.TAG_NAME, "h1").text == \
+        f"cairn snapshots: {DAG_ID} / {TASK_ID}"
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.snapshot-row")
+    assert [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows] == ["24", "19", "14"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.try-row")) == 2
+    assert f"{CRASH_AFTER + 1} steps" in browser.find_element(By.ID, "saved").text
+    assert browser.find_element(By.ID, "progress-chart").is_displayed()
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1280, int(height) + 200)  # the window's frame takes some height
+    assert browser.save_screenshot(str(ARTIFACT))
+    print(f"screenshot: {ARTIFACT}")
+
+    # The external view: Airflow's task instance page shows the page in a sandboxed iframe
+    # (no scripts), with DAG_ID/RUN_ID/TASK_ID filled in by the UI.
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{api_server}/dags/{DAG_ID}/runs/{quote(run.run_id, safe='')}/tasks/"
+                f"{TASK_ID}/plugin/cairn-snapshots")
+    frame = wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, "iframe[title='cairn snapshots']")))
+    browser.switch_to.frame(frame)
+    wait.until(ec.presence_of_element_located((By.ID, "snapshots")))
+    assert len(browser.find_elements(By.CSS_SELECTOR, "tr.snapshot-row")) == 3
+    browser.switch_to.default_content()
+    assert browser.save_screenshot(str(ARTIFACT_IN_AIRFLOW))
+    print(f"screenshot: {ARTIFACT_IN_AIRFLOW}")
+
+
+def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: Run) -> None:
+    """The api-server reads connections from its DB (not only the environment), and refuses
+    a connection of another type without repeating its host."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.add(Connection(conn_id="cairn_ui_db", conn_type="cairn",
+                               extra=json.dumps({"store_url": str(run.store)})))
+        session.add(Connection(conn_id="cairn_ui_pg", conn_type="postgres",
+                               host="secret-db.internal"))
+    headers = {"Authorization": f"Bearer {_token(client, 'viewer')}"}
+    from_db = client.get(f"/cairn/api/snapshots?{run.query}&conn_id=cairn_ui_db",
+                         headers=headers)
+    assert from_db.status_code == 200, from_db.text
+    assert [s["step"] for s in from_db.json()["snapshots"]] == [24, 19, 14]
+    foreign = client.get(f"/cairn/api/snapshots?{run.query}&conn_id=cairn_ui_pg",
+                         headers=headers)
+    assert foreign.status_code == 400 and "not a cairn connection" in foreign.text
+    assert "secret-db" not in foreign.text
+    missing = client.get(f"/cairn/api/snapshots?{run.query}&conn_id=nope", headers=headers)
+    assert missing.status_code == 404
+
+
+def test_discarding_needs_edit_access_and_a_same_origin_form(client: Any, run: Run) -> None:
+    """Runs last: it removes the module's snapshots."""
+    from cairn.store import Key, open_store
+
+    discard_api = f"/cairn/api/snapshots/discard?{run.query}"
+    assert client.post(discard_api).status_code == 401
+    viewer = {"Authorization": f"Bearer {_token(client, 'viewer')}"}
+    refused = client.post(discard_api, headers=viewer)
+    assert refused.status_code == 403 and refused.json() == {"detail": "Forbidden"}
+    admin_cookie = {"_token": _token(client, "admin")}
+    client.cookies.update(admin_cookie)
+    try:
+        cross = client.post(f"/cairn/snapshots/discard?{run.query}",
+                            headers={"Origin": "http://elsewhere.example"}, follow_redirects=False)
+        assert cross.status_code == 403 and "elsewhere.example" in cross.text
+        with open_store(str(run.store)) as store:
+            assert len(store.snapshots(Key((DAG_ID, TASK_ID, run.run_id, "-1")))) == 3
+        done = client.post(f"/cairn/snapshots/discard?{run.query}",
+                           headers={"Origin": "http://testserver"}, follow_redirects=False)
+        assert done.status_code == 303
+        assert done.headers["location"] == f"/cairn/snapshots?{run.query}&discarded=3"
+        page = client.get(done.headers["location"])
+        assert page.status_code == 200 and 'id="discarded"' in page.text
+        assert 'id="state">done<' in page.text and "snapshot-row" not in page.text
+        tries = client.get(f"/cairn/api/snapshots?{run.query}").json()["tries"]
+        assert [(t["mode"], t["ended"], t["steps_saved"]) for t in tries][-1] == \
+            ("discard", "removed", None)
+        assert len(tries) == 3 and tries[-1]["resumed_from"] is None  # the discard resumed nothing
+    finally:
+        client.cookies.clear()
+    with open_store(str(run.store)) as store:
+        assert store.snapshots(Key((DAG_ID, TASK_ID, run.run_id, "-1"))) == []
