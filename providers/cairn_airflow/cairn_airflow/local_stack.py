@@ -61,6 +61,8 @@ class AirflowStack:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+            # A task whose worker died is retried after this (a zombie may still run meanwhile).
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
@@ -145,6 +147,18 @@ class AirflowStack:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
+
+    def mark_failed(self, dag_id: str, run_id: str, task_id: str) -> None:
+        """What "mark failed" in the UI does: the server sends SIGTERM to the task's process
+        group, and SIGKILL 5 s later."""
+        self.request("PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+                     {"new_state": "failed"})
+
+    def clear(self, dag_id: str, run_id: str, task_id: str) -> None:
+        """What "clear" in the UI does: the task instance runs again (a new try)."""
+        self.request("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances",
+                     {"dry_run": False, "dag_run_id": run_id, "task_ids": [task_id],
+                      "only_failed": True, "reset_dag_runs": True})
 
     def wait_for_dag(self, dag_id: str, *, timeout: float = 120) -> None:
         """Until the dag-processor has parsed ``dag_id`` (then unpause it)."""

@@ -99,6 +99,86 @@ def test_a_killed_cooperative_task_resumes_from_its_snapshot(stack: AirflowStack
     assert [r[1] for r in rows[index:]] == list(range(result["start_step"], 600))
 
 
+def _wait_steps(stack: AirflowStack, progress: Path, steps: int) -> None:
+    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) >= steps,
+                   what=f"{steps} steps", timeout=300)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _outcomes(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
+    from cairn.store import Key, open_store
+
+    with open_store(str(store), create=False) as s:
+        return s.outcomes(Key(key))
+
+
+def test_mark_failed_takes_a_final_snapshot_and_clear_resumes_after_it(stack: AirflowStack,
+                                                                      tmp_path: Path) -> None:
+    """The UI's "mark failed": SIGTERM to the task's group, SIGKILL 5 s later. The next
+    ckpt.step() snapshots within that budget; "clear" then resumes right after it."""
+    dag_id = "cairn_cooperative_training"
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"total_steps": 3000, "step_seconds": 0.01,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    _wait_steps(stack, progress, 150)
+    pid = stack.task_instance(dag_id, run_id, "train")["pid"]
+    stack.mark_failed(dag_id, run_id, "train")
+    stack.wait_for(lambda: _gone(pid), what="the task's process to end", timeout=60)
+    last_logged = read_progress(progress)[-1][1]
+    final = _snapshots(stack.store, key)[0].manifest
+    # step() snapshots the step it is called after, then raises before that step is logged.
+    assert final.step in (last_logged, last_logged + 1), (final.step, last_logged)
+    assert [o.outcome.value for o in _outcomes(stack.store, key)] == ["preempted"]
+
+    stack.clear(dag_id, run_id, "train")
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+    result = stack.xcom(dag_id, run_id, "train")
+    assert result["start_step"] == final.step + 1
+    assert [o.outcome.value for o in _outcomes(stack.store, key)] == ["preempted", "succeeded"]
+
+
+def test_a_zombie_first_try_is_fenced_when_its_retry_starts(stack: AirflowStack,
+                                                          tmp_path: Path) -> None:
+    """The worker running the first try is SIGKILLed; the try's own process runs on. After the
+    heartbeat timeout the scheduler starts try 2, whose attempt fences the first: it stops at
+    its next snapshot, within one snapshot interval of steps."""
+    from datetime import datetime
+
+    from cairn.store import Key, open_store
+    from cairn.store.slotlog import RecordKind
+
+    dag_id, every = "cairn_cooperative_training", 100
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"total_steps": 4000, "step_seconds": 0.01,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    _wait_steps(stack, progress, 150)
+    pid = stack.task_instance(dag_id, run_id, "train")["pid"]
+    with open(f"/proc/{pid}/stat") as f:
+        worker = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(worker, signal.SIGKILL)
+    assert stack.wait_for_run(dag_id, run_id, timeout=400) == "success", stack.logs_tail()
+    stack.wait_for(lambda: _gone(pid), what="the zombie to stop", timeout=60)
+
+    with open_store(str(stack.store), create=False) as s:
+        opens = [r for r in s.history(Key(key)) if r.kind is RecordKind.OPEN]
+    assert len(opens) == 2
+    retry_opened = datetime.fromisoformat(opens[1].created_at.replace("Z", "+00:00")).timestamp()
+    zombie_after = [r for r in read_progress(progress) if r[0] == pid and r[2] > retry_opened]
+    assert len(zombie_after) <= every, f"the zombie ran {len(zombie_after)} steps after the " \
+                                       f"retry's attempt opened; snapshots are {every} apart"
+    outcomes = [o.outcome.value for o in _outcomes(stack.store, key)]
+    assert outcomes == ["fenced", "succeeded"], outcomes
+
+
 needs_criu = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("criu") is None and not os.access("/usr/local/sbin/criu", os.X_OK),
     reason="process mode needs root and CRIU (make criu)")
