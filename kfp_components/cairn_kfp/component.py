@@ -225,7 +225,8 @@ def generate_source(fn: Callable[..., Any], *, settings: Settings,
         f"\n\nreturn _cairn_run({node.name}, {call_args}, {ckpt!r}, store=cairn_store,"
         f" key=_cairn_key(run_id=cairn_run_id, task_name=cairn_task_name,"
         f" loop_item=cairn_loop_item, key=cairn_key,"
-        f" checkpoint_prefix=cairn_checkpoint_prefix), options=cairn_options)\n")
+        f" checkpoint_prefix=cairn_checkpoint_prefix), options=cairn_options,"
+        f" run_id=cairn_run_id)\n")
     doc = ast.get_docstring(node)
     doc_line = f"    {doc!r}\n" if doc else ""
     return (f"def {node.name}({params}){returns}:\n" + doc_line

@@ -5,6 +5,9 @@
   backoff, then ``batch_inference`` over each dataset with ParallelFor (one key per dataset).
 - ``process_mode_pipeline``: self-hosted KFP only: an unmodified script under ``cairn run``,
   its pod labelled for the cluster's process-mode policy (``deploy/``).
+- ``spot_fallback_pipeline``: ``train`` on A100 spot nodes with three resuming retries, then
+  an on-demand A100 fallback task on the same key that resumes from the spot task's last
+  snapshot (``cairn_kfp.with_fallback``); the fallback's output is the step's result either way.
 
 Compile: ``python kfp_components/examples/pipelines.py OUT_DIR``. The functions named by
 ``entrypoint=``/``predictor=`` (``my_project.train:main``, ``my_project.infer:predict``) stand
@@ -19,6 +22,7 @@ from pathlib import Path
 from kfp import compiler, dsl
 
 import cairn_kfp
+from cairn.policy import CapacityOption
 from cairn_kfp.kubernetes import (
     add_process_mode_label,
     set_deadline,
@@ -69,8 +73,29 @@ def process_mode_pipeline(store: str = STORE) -> None:
     set_retries(task, 3, backoff="60s")
 
 
+A100 = {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}
+A100_SPOT = CapacityOption.gke_spot("a100-spot", price_per_hour=1.15, node_selector=A100)
+A100_ON_DEMAND = CapacityOption("a100", price_per_hour=3.67, node_selector=A100)
+
+
+@dsl.pipeline(name="cairn-spot-fallback",
+              description="Spot first; an on-demand fallback resumes from the spot snapshots.")
+def spot_fallback_pipeline() -> dict:
+    spot, fallback = cairn_kfp.with_fallback(
+        cairn_kfp.train, spot=A100_SPOT, on_demand=A100_ON_DEMAND, spot_retries=3,
+        backoff="60s", avoid_maintenance=True,
+        entrypoint="my_project.train:main", arguments={"epochs": 3, "lr": 0.001},
+        cairn_options={"every_seconds": 300.0})
+    for task in (spot, fallback):
+        use_gcs_store(task, STORE)
+        set_deadline(task, hours=12)
+        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+    return fallback.output  # the step's result, whichever task finished the work
+
+
 PIPELINES = {"training_pipeline": training_pipeline,
-             "process_mode_pipeline": process_mode_pipeline}
+             "process_mode_pipeline": process_mode_pipeline,
+             "spot_fallback_pipeline": spot_fallback_pipeline}
 
 
 def compile_all(out_dir: Path) -> list[Path]:
