@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu test test-fast test-airflow test-kfp demo demo-store bench clean
+.PHONY: all venv criu test test-fast test-airflow test-kfp demo demo-ui demo-store bench clean
 
 all: test
 
@@ -47,7 +47,9 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip install --quiet 'torch==2.13.0'
 	$(AF_PY) -m pip install --quiet -e '.[gcs,torch]' 'pytest>=8'
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'apache-airflow==3.3.2'
-	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'selenium==4.51.0'
+	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
+		'apache-airflow-providers-cncf-kubernetes==10.25.0' 'kubernetes-validate==1.37.0' \
+		'selenium==4.51.0'
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
@@ -93,6 +95,10 @@ test-fast: $(STAMP)
 ## store), preempted mid-run; the retry resumes from the last snapshot
 demo: $(AF_STAMP)
 	$(AF_PY) scripts/demo_airflow.py
+
+## make demo-ui: serve the last demo's Airflow on port 8080 with the cairn snapshots page
+demo-ui: $(AF_STAMP)
+	$(AF_PY) scripts/demo_airflow.py --serve 8080
 
 ## make demo-store: the store on its own (put, dedup, a corrupt snapshot skipped, gc)
 demo-store: $(STAMP)

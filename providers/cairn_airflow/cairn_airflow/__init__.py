@@ -26,16 +26,18 @@ if TYPE_CHECKING:
     from cairn_airflow.decorators import cairn_task
     from cairn_airflow.hooks import CairnHook
     from cairn_airflow.command import CairnRunOperator
+    from cairn_airflow.kubernetes import CairnKubernetesPodOperator
     from cairn_airflow.operators import CairnPythonOperator
 
-__all__ = ["CairnHook", "CairnPythonOperator", "CairnRunOperator", "cairn_task",
-           "get_provider_info", "__version__"]
+__all__ = ["CairnHook", "CairnKubernetesPodOperator", "CairnPythonOperator", "CairnRunOperator",
+           "cairn_task", "get_provider_info", "__version__"]
 
 _LAZY = {
     "cairn_task": "cairn_airflow.decorators",
     "CairnHook": "cairn_airflow.hooks",
     "CairnPythonOperator": "cairn_airflow.operators",
     "CairnRunOperator": "cairn_airflow.command",
+    "CairnKubernetesPodOperator": "cairn_airflow.kubernetes",
 }
 
 
@@ -60,7 +62,8 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [{"integration-name": "cairn", "tags": ["software"]}],
         "hooks": [{"integration-name": "cairn", "python-modules": ["cairn_airflow.hooks"]}],
         "operators": [{"integration-name": "cairn", "python-modules": ["cairn_airflow.operators",
-                                                                     "cairn_airflow.command"]}],
+                                                                     "cairn_airflow.command",
+                                                                     "cairn_airflow.kubernetes"]}],
         "connection-types": [{
             "connection-type": "cairn",
             "hook-class-name": "cairn_airflow.hooks.CairnHook",

@@ -19,7 +19,8 @@ def test_provider_info_is_valid_against_airflows_schema() -> None:
     assert [c["connection-type"] for c in info["connection-types"]] == ["cairn"]
     assert info["hooks"][0]["python-modules"] == ["cairn_airflow.hooks"]
     assert info["operators"][0]["python-modules"] == ["cairn_airflow.operators",
-                                                      "cairn_airflow.command"]
+                                                      "cairn_airflow.command",
+                                                      "cairn_airflow.kubernetes"]
 
 
 def test_entry_point_resolves_to_get_provider_info() -> None:

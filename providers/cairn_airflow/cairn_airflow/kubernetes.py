@@ -1,0 +1,620 @@
+"""``CairnKubernetesPodOperator``: a KubernetesPodOperator whose pod runs under cairn.
+
+Contract of one try (the pod-building path, ``build_pod_request_obj``):
+
+- the key is ``(dag_id, task_id, run_id, map_index)`` of the task instance (never the try
+  number); the store comes from ``store_url=`` or the ``cairn`` connection, and must be reachable
+  from the pod (``gs://`` with Workload Identity, or a path on a mounted volume) as well as from
+  the worker when ``placement=`` reads the step's history;
+- with ``placement=`` (capacity options), :func:`cairn.policy.decide` chooses the option from
+  the step's outcome records in the store; the pod gets that option's node selector
+  (ComputeClass), tolerations, priority class and Kueue label, the decision's snapshot interval,
+  the maintenance-avoiding affinity, and ``CAIRN_PLACEMENT_OPTION``/``_REASON`` so the try's
+  outcome record says where it ran and why; the one-line reason is logged. Airflow cannot move a
+  running task: the choice applies to each *new* pod, which is the only per-try choice there is;
+- the main container (``base``) gets cairn's transform (:func:`cairn.k8s.with_snapshot_sidecar`):
+  in process mode its command becomes ``cairn run ... -- CMD``; it gets the cairn sidecar, the
+  shared volume, env and security settings. The attempt's epoch is opened by ``cairn run`` (or
+  the Checkpointer) inside the pod, never by the Airflow try, so a retry that reattaches to a
+  live pod (``reattach_on_restart``/``durable``, always on here) does not fence it;
+- the transform runs inside Airflow's ``pod_mutation_hook`` chain as its first implementation
+  (a ``tryfirst`` policy plugin, active only while this operator builds its pod): after
+  everything the KubernetesPodOperator adds (secrets, the XCom sidecar, labels) and before the
+  administrator's own ``pod_mutation_hook``, which therefore sees, and may adjust, the final
+  cairn pod;
+- the final pod (after the administrator's hook) is validated strict against Kubernetes
+  ``kubernetes_version`` (1.29 or later: native sidecars) with ``kubernetes-validate``; a pod the
+  API server would reject fails the try before it is submitted, with a :class:`ConfigError`;
+- retries run the image of the first pod: once the first pod has started, its ``imageID`` (a
+  repository digest) is kept in Airflow's task state store (3.3+; recorded on the synchronous
+  path, not by the deferrable trigger), and later tries replace ``image`` by
+  ``repository@sha256:...`` unless the DAG's ``image`` changed meanwhile;
+- when the node or the kernel ended the pod before ``cairn run`` could record the try's outcome
+  (node shutdown, disruption, eviction, OOMKilled), the operator records it from the pod status,
+  so the next placement counts it;
+- the base container's exit code 75/76 (``cairn run`` stopped by a preemption, final snapshot
+  committed or not) raises :class:`cairn.exceptions.Preempted`, 5 (a newer try took the key
+  over) :class:`cairn.exceptions.Fenced`; a pod ended by the node (shutdown, eviction, a
+  ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error.
+
+Importing this module imports the cncf provider but neither torch nor CRIU.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from airflow.policies import hookimpl
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+from cairn.exceptions import ConfigError
+from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+from cairn_airflow.operators import _environ, task_key
+
+log = logging.getLogger(__name__)
+
+# cairn run's exit codes (cairn/process/supervisor.py), as CairnRunOperator maps them.
+EXIT_PREEMPTED_SAVED = 75
+EXIT_PREEMPTED_KEPT = 76
+EXIT_FENCED = 5
+MIN_KUBERNETES = (1, 29)  # native sidecars (initContainers with restartPolicy: Always)
+IMAGE_STATE_KEY = "cairn_image_digest"
+POLICY_PLUGIN_NAME = "cairn-airflow-pod-transform"
+# Pod-level signs that the node, not the step, ended the pod (graceful node shutdown, eviction).
+NODE_ENDED_REASONS = frozenset({"Shutdown", "NodeShutdown", "Terminated", "Evicted",
+                                "Preempting", "NodeLost"})
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+def image_repository(image: str) -> str:
+    """``image`` without its tag or digest (a registry port is kept)."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)
+    if ":" in last[-1]:
+        last[-1] = last[-1].split(":", 1)[0]
+    return "/".join(last)
+
+
+def digest_of(image_id: str | None) -> str | None:
+    """The ``sha256:...`` repository digest in a container status' ``imageID``
+    (``repo@sha256:...``, ``docker-pullable://repo@sha256:...``); None when it holds none
+    (a bare ``sha256:...`` is a local image ID, not something a registry can serve)."""
+    if not image_id or "@" not in image_id:
+        return None
+    digest = image_id.rsplit("@", 1)[1]
+    return digest if _DIGEST.fullmatch(digest) else None
+
+
+def pin_image(image: str, digest: str) -> str:
+    """``image`` pinned to ``digest``: ``repository@sha256:...``."""
+    if not _DIGEST.fullmatch(digest or ""):
+        raise ConfigError(f"{digest!r} is not an image digest (sha256: and 64 hex digits)")
+    return f"{image_repository(image)}@{digest}"
+
+
+def _field(obj: Any, snake: str, camel: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(camel, obj.get(snake))
+    return getattr(obj, snake, None)
+
+
+def _container_status(pod: Any, container: str) -> Any:
+    status = _field(pod, "status", "status")
+    for s in _field(status, "container_statuses", "containerStatuses") or []:
+        if _field(s, "name", "name") == container:
+            return s
+    return None
+
+
+def image_digest_from_pod(pod: Any, container: str) -> str | None:
+    """The digest the node pulled for ``container`` (from ``status.containerStatuses``), if any.
+    Takes a ``V1Pod`` or a manifest dict."""
+    return digest_of(_field(_container_status(pod, container), "image_id", "imageID"))
+
+
+def exit_code_of(pod: Any, container: str) -> int | None:
+    """``container``'s exit code, from its current or last terminated state."""
+    s = _container_status(pod, container)
+    for state_name in (("state", "state"), ("last_state", "lastState")):
+        terminated = _field(_field(s, *state_name), "terminated", "terminated")
+        code = _field(terminated, "exit_code", "exitCode")
+        if code is not None:
+            return int(code)
+    return None
+
+
+def _disruption_reason(pod: Any) -> str | None:
+    status = _field(pod, "status", "status")
+    for c in _field(status, "conditions", "conditions") or []:
+        if _field(c, "type", "type") == "DisruptionTarget" and \
+                str(_field(c, "status", "status")) == "True":
+            return str(_field(c, "reason", "reason") or "DisruptionTarget")
+    return None
+
+
+def ended_by_node(pod: Any) -> bool:
+    """Whether the pod's status says the node or the cluster ended it (graceful node shutdown,
+    eviction, a ``DisruptionTarget`` condition), rather than the step's own failure."""
+    status = _field(pod, "status", "status")
+    return _field(status, "reason", "reason") in NODE_ENDED_REASONS or \
+        _disruption_reason(pod) is not None
+
+
+def _oom_killed(pod: Any, container: str) -> bool:
+    terminated = _field(_field(_container_status(pod, container), "state", "state"),
+                        "terminated", "terminated")
+    return _field(terminated, "reason", "reason") == "OOMKilled"
+
+
+def outcome_from_pod(pod: Any, container: str) -> Any:
+    """How a pod that ``cairn run`` could not report on ended, as an
+    :class:`~cairn.store.outcomes.OutcomeKind`: ``failed`` for OOMKilled (the step's error),
+    ``evicted`` for a drain (eviction API, pod GC, node-pressure eviction), ``preempted`` for a
+    node shutdown or scheduler preemption; None when the container's own exit code says it
+    (cairn's codes are recorded by ``cairn run`` itself) or nothing is known."""
+    from cairn.store.outcomes import OutcomeKind
+
+    if _oom_killed(pod, container):
+        return OutcomeKind.FAILED
+    reason = _disruption_reason(pod)
+    pod_reason = _field(_field(pod, "status", "status"), "reason", "reason")
+    if reason in ("EvictionByEvictionAPI", "DeletionByPodGC") or pod_reason == "Evicted":
+        return OutcomeKind.EVICTED
+    if reason is not None or pod_reason in NODE_ENDED_REASONS:
+        return OutcomeKind.PREEMPTED
+    return None
+
+
+def pod_end_error(pod: Any, container: str) -> Exception | None:
+    """The cairn error a finished pod stands for: :class:`Preempted` for exit 75/76 or a pod
+    the node ended, :class:`Fenced` for exit 5, None otherwise (success, or the step's own
+    failure, OOMKilled included, which Airflow reports as it does for any pod)."""
+    from cairn.exceptions import Fenced, Preempted
+
+    code = exit_code_of(pod, container)
+    if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
+        saved = ("committed" if code == EXIT_PREEMPTED_SAVED
+                 else "not taken (the previous one is kept)")
+        return Preempted(f"cairn run in the pod was stopped (exit {code}); its final snapshot was "
+                         f"{saved}; a retry resumes from the last committed snapshot")
+    if code == EXIT_FENCED:
+        return Fenced("a newer try of this task took its key over; this pod stopped its workload "
+                      "(exit 5)")
+    if not _oom_killed(pod, container) and ended_by_node(pod):
+        return Preempted("the node ended the pod (shutdown, eviction or disruption); a retry "
+                         "resumes from the last committed snapshot")
+    return None
+
+
+def _timestamp(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def record_pod_outcome(store: Any, key: Any, pod: Any, container: str, *,
+                       placement: Any = None) -> Any:
+    """Leave the outcome record ``cairn run`` could not write for a pod that the node or the
+    kernel ended (see :func:`outcome_from_pod`): for the newest try of ``key`` that opened after
+    the pod started and has no record. Returns the :class:`Outcome` written, or None."""
+    import time
+
+    from cairn.store.outcomes import Outcome, record_best_effort
+
+    kind = outcome_from_pod(pod, container)
+    status = _field(pod, "status", "status")
+    started = _timestamp(_field(status, "start_time", "startTime"))
+    if kind is None or started is None:
+        return None
+    recorded = {o.epoch for o in store.outcomes(key)}
+    open_tries = [t for t in store.tries(key)
+                  if t.epoch not in recorded and t.done_at is None and t.opened_at >= started]
+    if not open_tries:
+        return None
+    last = open_tries[-1]
+    detail = {"source": "pod status", "pod_reason": _field(status, "reason", "reason"),
+              "disruption": _disruption_reason(pod), "exit_code": exit_code_of(pod, container)}
+    outcome = Outcome(epoch=last.epoch, outcome=kind, started_at=last.opened_at,
+                      ended_at=max(time.time(), last.opened_at),
+                      option=placement.option.name if placement is not None else None,
+                      reason=placement.reason if placement is not None else None,
+                      detail={k: v for k, v in detail.items() if v is not None})
+    return outcome if record_best_effort(store, key, outcome) else None
+
+
+def parse_kubernetes_version(version: str) -> tuple[int, int]:
+    """``"1.29"`` (or ``"v1.30.2"``) as ``(1, 29)``; raises ConfigError below 1.29."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", str(version).strip())
+    if not m:
+        raise ConfigError(f"kubernetes_version={version!r}: give MAJOR.MINOR, such as '1.29'")
+    parsed = (int(m.group(1)), int(m.group(2)))
+    if parsed < MIN_KUBERNETES:
+        raise ConfigError(f"kubernetes_version={version!r}: the cairn sidecar is a native sidecar, "
+                          "which needs Kubernetes 1.29 or later; upgrade the cluster")
+    return parsed
+
+
+def validate_pod(pod: Any, *, kubernetes_version: str = "1.29", what: str = "the pod") -> None:
+    """Validate ``pod`` (a ``V1Pod`` or camelCase dict) strict against the Kubernetes schema;
+    raises ConfigError naming the field and the fix."""
+    import kubernetes_validate
+    from kubernetes.client import ApiClient
+
+    parse_kubernetes_version(kubernetes_version)
+    manifest = pod if isinstance(pod, dict) else ApiClient().sanitize_for_serialization(pod)
+    try:
+        kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise ConfigError(
+            f"{what} is not a valid Kubernetes {kubernetes_version} Pod at {where}: {e.message}. "
+            "Fix the operator argument (or the pod_mutation_hook in airflow_local_settings) that "
+            "sets it; strict validation also rejects unknown fields") from None
+
+
+def apply_placement(manifest: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    """Merge :meth:`cairn.policy.CapacityOption.pod_fields` (without ``affinity``, which the
+    transform ANDs into existing terms) into a pod manifest, in place. The option's node selector
+    and priority class win over the operator's (the log says so); tolerations are added."""
+    spec = manifest.setdefault("spec", {})
+    selector = dict(spec.get("nodeSelector") or {})
+    for k, v in (fields.get("nodeSelector") or {}).items():
+        if k in selector and selector[k] != v:
+            log.warning("cairn placement: nodeSelector %s=%s replaces %s", k, v, selector[k])
+        selector[k] = v
+    if selector:
+        spec["nodeSelector"] = selector
+    tolerations = list(spec.get("tolerations") or [])
+    for t in fields.get("tolerations") or []:
+        if t not in tolerations:
+            tolerations.append(dict(t))
+    if tolerations:
+        spec["tolerations"] = tolerations
+    priority = fields.get("priorityClassName")
+    if priority:
+        if spec.get("priorityClassName") not in (None, priority):
+            log.warning("cairn placement: priorityClassName %s replaces %s", priority,
+                        spec["priorityClassName"])
+        spec["priorityClassName"] = priority
+    if fields.get("labels"):
+        manifest.setdefault("metadata", {}).setdefault("labels", {}).update(fields["labels"])
+
+
+# -- the pod_mutation_hook point -----------------------------------------------------------------
+
+_PENDING: contextvars.ContextVar[Callable[[Any], None] | None] = contextvars.ContextVar(
+    "cairn_pod_transform", default=None)
+
+
+class _TransformFirst:
+    """An Airflow policy plugin whose ``pod_mutation_hook`` runs before every other one
+    (``tryfirst``; ``airflow_local_settings`` hooks are plain implementations) and does nothing
+    unless a CairnKubernetesPodOperator in this context is building its pod."""
+
+    @staticmethod
+    @hookimpl(tryfirst=True)
+    def pod_mutation_hook(pod: Any) -> None:
+        fn = _PENDING.get()
+        if fn is not None:
+            fn(pod)
+
+
+def _register_policy() -> None:
+    from airflow.settings import get_policy_plugin_manager
+
+    manager = get_policy_plugin_manager()
+    if manager.get_plugin(POLICY_PLUGIN_NAME) is None:
+        manager.register(_TransformFirst, name=POLICY_PLUGIN_NAME)
+
+
+@contextmanager
+def _transform_first(fn: Callable[[Any], None]) -> Iterator[None]:
+    _register_policy()
+    token = _PENDING.set(fn)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+
+
+# -- the operator --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PodPlan:
+    """What one try's pod gets from cairn: computed before the pod is built."""
+
+    store: StoreConfig
+    key: Any
+    every: str
+    placement: Any = None  # cairn.policy.Placement
+    image: str | None = None  # the pinned image, when a previous try recorded its digest
+
+
+class CairnKubernetesPodOperator(KubernetesPodOperator):
+    """A KubernetesPodOperator whose pod resumes from cairn snapshots on retry (see the module
+    docstring for the contract of one try).
+
+    :param mode: ``"process"`` (``cairn run`` around ``cmds``/``arguments``; CRIU; needs
+        ``cmds``) or ``"state"`` (the code calls ``cairn.Checkpointer.from_env()``).
+    :param sidecar_image: the cairn sidecar image, pinned by tag or digest.
+    :param every: snapshot interval of ``cairn run`` (``"10m"``); with ``placement=``, the
+        decision's interval is used instead.
+    :param final_snapshot_s: measured cost of a final snapshot (sizes the grace period).
+    :param grace_cap_s: what the platform gives a preempted pod (GKE spot: 15).
+    :param state_bytes, gpu_memory_bytes, staging_bytes, staging: size the staging volume
+        (see :func:`cairn.k8s.with_snapshot_sidecar`).
+    :param placement: capacity options (:class:`cairn.policy.CapacityOption`) to choose from for
+        each new pod; ``deadline`` (aware datetime or epoch seconds) and ``policy_settings``
+        (:class:`cairn.policy.PolicySettings`) tune the choice.
+    :param kubernetes_version: the cluster's version the final pod is validated against (>= 1.29).
+    :param cairn_conn_id: the ``cairn`` connection naming the store.
+    :param store_url: the store, overriding the connection.
+    :param transform_options: more keyword arguments for ``with_snapshot_sidecar``
+        (``on_gce``, ``watch_node_label``, ``grace_margin_s``, ``metrics_port``, ...).
+    """
+
+    template_fields: Sequence[str] = (*KubernetesPodOperator.template_fields, "every")
+    ui_color = "#b8c8a8"
+
+    def __init__(self, *, sidecar_image: str, mode: str = "process", every: str = "10m",
+                 final_snapshot_s: float | None = None, grace_cap_s: float | None = None,
+                 state_bytes: int | str | None = None, gpu_memory_bytes: int | str | None = None,
+                 staging_bytes: int | str | None = None, staging: str = "memory",
+                 placement: Sequence[Any] | None = None, deadline: datetime | float | None = None,
+                 policy_settings: Any = None, kubernetes_version: str = "1.29",
+                 cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
+                 transform_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        from cairn.k8s.transform import PodMode, Staging, _coerce
+
+        for name in ("reattach_on_restart", "durable"):
+            if kwargs.get(name) is False:
+                raise ConfigError(f"{name}=False: a retry would start a second pod next to a live "
+                                  "one, whose supervisor it then fences; cairn keeps reattaching "
+                                  "on (drop the argument)")
+            kwargs.pop(name, None)
+        super().__init__(**kwargs)
+        self.mode = _coerce(PodMode, mode, "mode").value
+        self.staging = _coerce(Staging, staging, "staging").value
+        self.sidecar_image = sidecar_image
+        self.every = every
+        self.final_snapshot_s = final_snapshot_s
+        self.grace_cap_s = grace_cap_s
+        self.state_bytes = state_bytes
+        self.gpu_memory_bytes = gpu_memory_bytes
+        self.staging_bytes = staging_bytes
+        self.placement = tuple(placement) if placement else ()
+        if self.placement:
+            from cairn.policy import check_options
+
+            check_options(self.placement)
+        self.deadline = deadline
+        self.policy_settings = policy_settings
+        self.kubernetes_version = kubernetes_version
+        parse_kubernetes_version(kubernetes_version)
+        self.cairn_conn_id = cairn_conn_id
+        self.store_url = store_url
+        self.transform_options = dict(transform_options or {})
+        clash = {"store", "key", "mode", "sidecar_image", "container", "every",
+                 "avoid_maintenance"} & set(self.transform_options)
+        if clash:
+            raise ConfigError(f"transform_options must not set {sorted(clash)}: the operator sets "
+                              "them (use its own arguments)")
+        self._cairn_context: Any = None
+        self.cairn_plan: PodPlan | None = None
+
+    # -- one try's plan ---------------------------------------------------------------------
+
+    def store_config(self) -> StoreConfig:
+        if self.store_url:
+            return StoreConfig(url=self.store_url, source="the operator's store_url")
+        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+
+    def _key(self, context: Any) -> Any:
+        if context is not None:
+            return task_key(context)
+        from cairn.store import Key
+
+        dag_id = self.dag_id if self.has_dag() else "dag"
+        return Key((dag_id, self.task_id, "dry-run", "-1"))
+
+    def decide_placement(self, store: StoreConfig, key: Any) -> Any:
+        """:func:`cairn.policy.decide` over ``placement`` with the step's history in the store
+        (an empty history when the store does not exist yet)."""
+        from cairn.exceptions import NotFound
+        from cairn.policy import History, PolicySettings, decide
+        from cairn.store import open_store
+
+        history = History()
+        with _environ(store.env):
+            try:
+                with open_store(store.url, create=False) as s:
+                    history = History.from_store(s, key)
+            except NotFound:
+                log.info("cairn: no store at %s yet: placing without history", store.url)
+        decision = decide(self.placement, history, deadline=self.deadline,
+                          settings=self.policy_settings or PolicySettings())
+        log.info("cairn placement for %s: %s", key, decision.reason)
+        return decision
+
+    def _pinned_image(self, context: Any) -> str | None:
+        stored = _state_get(context, IMAGE_STATE_KEY)
+        if not isinstance(stored, dict) or not self.image:
+            return None
+        if stored.get("image") != self.image:
+            log.info("cairn: image changed from %s to %s since the first try; not pinning",
+                     stored.get("image"), self.image)
+            return None
+        return pin_image(self.image, str(stored.get("digest")))
+
+    def plan(self, context: Any) -> PodPlan:
+        store = self.store_config()
+        key = self._key(context)
+        placement = self.decide_placement(store, key) if self.placement else None
+        every = placement.every if placement is not None else str(self.every)
+        return PodPlan(store=store, key=key, every=every, placement=placement,
+                       image=self._pinned_image(context))
+
+    def cairn_mutation(self, plan: PodPlan) -> Callable[[Any], None]:
+        """The in-place change cairn makes to the built pod (before the administrator's hook)."""
+        from kubernetes.client import ApiClient
+
+        from cairn.k8s.transform import _to_v1pod, with_snapshot_sidecar
+
+        def mutate(pod: Any) -> None:
+            manifest = ApiClient().sanitize_for_serialization(pod)
+            spec = manifest.setdefault("spec", {})
+            main = next((c for c in spec.get("containers") or []
+                         if c.get("name") == self.base_container_name), None)
+            if main is None:
+                raise ConfigError(f"the pod has no container {self.base_container_name!r}")
+            if plan.image:
+                log.info("cairn: pinning the image to the first try's %s", plan.image)
+                main["image"] = plan.image
+            avoid = False
+            if plan.placement is not None:
+                fields = dict(plan.placement.option.pod_fields())
+                apply_placement(manifest, fields)
+                avoid = plan.placement.avoid_maintenance
+                env = main.setdefault("env", [])
+                names = {e.get("name") for e in env}
+                env.extend({"name": k, "value": v} for k, v in plan.placement.env().items()
+                           if k not in names)
+            if plan.store.env:
+                env = main.setdefault("env", [])
+                names = {e.get("name") for e in env}
+                env.extend({"name": k, "value": v} for k, v in plan.store.env.items()
+                           if k not in names)
+            out = with_snapshot_sidecar(
+                manifest, store=plan.store.url, key=str(plan.key), mode=self.mode,
+                sidecar_image=self.sidecar_image, container=self.base_container_name,
+                every=plan.every, final_snapshot_s=self.final_snapshot_s,
+                grace_cap_s=self.grace_cap_s, state_bytes=self.state_bytes,
+                gpu_memory_bytes=self.gpu_memory_bytes, staging_bytes=self.staging_bytes,
+                staging=self.staging, avoid_maintenance=avoid, **self.transform_options)
+            done = _to_v1pod(out)
+            pod.metadata, pod.spec = done.metadata, done.spec
+
+        return mutate
+
+    # -- KubernetesPodOperator hook points ----------------------------------------------------
+
+    def build_pod_request_obj(self, context: Any = None, *, dry_run: bool = False) -> Any:
+        """The KubernetesPodOperator's pod with cairn's transform applied first in the
+        ``pod_mutation_hook`` chain, validated strict after the whole chain."""
+        plan = self.cairn_plan = self.plan(context)
+        ran: list[bool] = []
+        mutate = self.cairn_mutation(plan)
+
+        def once(pod: Any) -> None:
+            if not ran:  # a hook chain that runs twice must not wrap `cairn run` twice
+                mutate(pod)
+                ran.append(True)
+
+        with _transform_first(once):
+            pod = super().build_pod_request_obj(context, dry_run=dry_run)
+        if not ran:
+            raise ConfigError("the KubernetesPodOperator built its pod without calling "
+                              "pod_mutation_hook, so cairn's transform did not run; this cncf "
+                              "provider version is not supported (pin the one in "
+                              "providers/cairn_airflow/constraints.txt)")
+        validate_pod(pod, kubernetes_version=self.kubernetes_version,
+                     what=f"the pod of task {self.task_id!r}")
+        return pod
+
+    def execute(self, context: Any) -> Any:
+        self._cairn_context = context
+        return super().execute(context)
+
+    def await_pod_start(self, pod: Any) -> None:
+        super().await_pod_start(pod)
+        try:
+            self.record_image_digest(self._cairn_context, self.pod_manager.read_pod(pod))
+        except Exception as e:  # noqa: BLE001 - pinning is best effort; the try goes on
+            log.warning("cairn: could not record the image digest: %s", e)
+
+    def record_image_digest(self, context: Any, remote_pod: Any) -> str | None:
+        """Keep the first pod's image digest for later tries (a no-op once one is kept)."""
+        if _state_get(context, IMAGE_STATE_KEY) is not None or not self.image:
+            return None
+        digest = image_digest_from_pod(remote_pod, self.base_container_name)
+        if digest is None:
+            log.info("cairn: the pod's imageID has no repository digest; retries are not pinned")
+            return None
+        store = context.get("task_state_store") if context is not None else None
+        if store is None:
+            log.info("cairn: no task state store (Airflow < 3.3): retries are not pinned")
+            return None
+        store.set(IMAGE_STATE_KEY, {"image": self.image, "digest": digest})
+        log.info("cairn: retries of this task run %s", pin_image(self.image, digest))
+        return digest
+
+    def cleanup(self, pod: Any, remote_pod: Any, xcom_result: dict | None = None,
+                context: Any = None) -> None:
+        """Airflow's cleanup; a failure that cairn's exit codes or the pod status explain is
+        raised as :class:`Preempted` or :class:`Fenced` instead."""
+        if remote_pod is not None and self.cairn_plan is not None:
+            self._record_outcome(remote_pod)
+        from airflow.providers.common.compat.sdk import AirflowException
+
+        try:
+            super().cleanup(pod=pod, remote_pod=remote_pod, xcom_result=xcom_result,
+                            context=context)
+        except AirflowException as e:
+            # Only Airflow's "the pod failed" verdict (a plain AirflowException) is re-read;
+            # its subclasses (API errors, skips, credential expiry) mean something else.
+            if type(e) is not AirflowException or remote_pod is None:
+                raise
+            mapped = pod_end_error(remote_pod, self.base_container_name)
+            if mapped is None:
+                raise
+            raise mapped from e
+
+    def _record_outcome(self, remote_pod: Any) -> None:
+        plan = self.cairn_plan
+        assert plan is not None
+        try:
+            from cairn.store import open_store
+
+            with _environ(plan.store.env), open_store(plan.store.url, create=False) as store:
+                outcome = record_pod_outcome(store, plan.key, remote_pod,
+                                             self.base_container_name, placement=plan.placement)
+            if outcome is not None:
+                log.info("cairn: recorded try %d of %s as %s (from the pod status)",
+                         outcome.epoch, plan.key, outcome.outcome.value)
+        except Exception as e:  # noqa: BLE001 - an outcome is advice; never change the result
+            log.warning("cairn: could not record the pod's outcome: %s", e)
+
+    def on_kill(self) -> None:
+        """Airflow's kill deletes the pod: the kubelet then sends SIGTERM to ``cairn run``, which
+        takes its final snapshot within the pod's grace. That grace (sized by the transform for
+        the final snapshot) is passed to the deletion instead of a shorter one set on the
+        operator. Returns once the API server accepted the deletion."""
+        spec = getattr(self.pod, "spec", None)
+        grace = getattr(spec, "termination_grace_period_seconds", None)
+        if grace is not None and self.termination_grace_period is not None and \
+                self.termination_grace_period < grace:
+            self.termination_grace_period = grace
+        super().on_kill()
+
+
+def _state_get(context: Any, key: str) -> Any:
+    store = context.get("task_state_store") if context is not None else None
+    if store is None:
+        return None
+    return store.get(key)

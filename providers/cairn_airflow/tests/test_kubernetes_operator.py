@@ -1,0 +1,499 @@
+"""``CairnKubernetesPodOperator``: the pod each try would submit, rendered without a cluster.
+
+The operator's real pod-building path (``build_pod_request_obj``) runs here with a task
+instance context: Airflow's KubernetesPodOperator code, Airflow's policy plugin manager with an
+administrator's ``pod_mutation_hook`` installed the way ``airflow_local_settings`` installs one,
+cairn's transform and policy, a real local store with outcome records, and strict schema
+validation. What cannot run here is the Kubernetes API server: the kube config names an address
+nothing listens on and no test contacts it; the task state store (served by Airflow's supervisor
+at run time) is ``FakeTaskStateStore``, a dict.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
+
+from cairn.exceptions import ConfigError, Fenced, Preempted
+from cairn.policy import CapacityOption, PolicySettings
+from cairn.store import open_store
+from cairn.store.outcomes import Outcome, OutcomeKind
+from cairn_airflow.kubernetes import (
+    IMAGE_STATE_KEY,
+    CairnKubernetesPodOperator,
+    digest_of,
+    image_digest_from_pod,
+    image_repository,
+    pin_image,
+    outcome_from_pod,
+    pod_end_error,
+    record_pod_outcome,
+)
+from cairn_airflow.operators import task_key
+
+DIGEST = "sha256:" + "ab" * 32
+SPOT = CapacityOption.gke_spot("l4-spot", price_per_hour=0.35, priority_class="cairn-spot")
+ON_DEMAND = CapacityOption("l4-on-demand", price_per_hour=1.05,
+                           node_selector={"cloud.google.com/gke-provisioning": "standard"},
+                           priority_class="cairn-on-demand")
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: none, user: {token: unused}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+
+
+class FakeTaskStateStore:
+    """Stands in for Airflow's task state store (a supervisor service at run time): get/set."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        self.values[key] = value
+
+
+@pytest.fixture()
+def kubeconfig(tmp_path: Path) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    return str(path)
+
+
+@pytest.fixture()
+def store_url(tmp_path: Path) -> str:
+    return str(tmp_path / "store")
+
+
+def make_operator(kubeconfig: str, store_url: str, **kwargs: Any) -> CairnKubernetesPodOperator:
+    from airflow.sdk import DAG
+
+    with DAG(dag_id="k8s_dag", schedule=None):
+        options: dict[str, Any] = dict(
+            task_id="train", name="train", namespace="training", image="repo/train:1.0",
+            cmds=["python", "train.py"], arguments=["--steps", "100"],
+            sidecar_image="repo/cairn-sidecar:0.1.0", state_bytes="1Gi", store_url=store_url,
+            config_file=kubeconfig, in_cluster=False)
+        options.update(kwargs)
+        return CairnKubernetesPodOperator(**options)
+
+
+def context_for(op: CairnKubernetesPodOperator, *, try_number: int = 1,
+                state: FakeTaskStateStore | None = None) -> dict[str, Any]:
+    """The parts of a task's template context the pod-building path reads, around a real
+    RuntimeTaskInstance."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    run_id = "manual__2026-11-29T00:00:00+00:00"
+    ti = RuntimeTaskInstance.model_construct(
+        id=uuid.uuid4(), task_id=op.task_id, dag_id=op.dag_id, run_id=run_id,
+        try_number=try_number, map_index=-1, dag_version_id=uuid.uuid4(), task=op)
+    return {"ti": ti, "task_instance": ti, "run_id": run_id, "dag": op.dag,
+            "task_state_store": state if state is not None else FakeTaskStateStore()}
+
+
+def manifest(pod: Any) -> dict[str, Any]:
+    return ApiClient().sanitize_for_serialization(pod)
+
+
+def container(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = doc["spec"]
+    return next(c for c in spec.get("initContainers", []) + spec["containers"]
+                if c["name"] == name)
+
+
+@contextmanager
+def local_settings_hook(hook: Callable[[Any], None]) -> Iterator[None]:
+    """Install ``hook`` as an administrator's pod_mutation_hook, the way Airflow installs the
+    one in airflow_local_settings (``make_plugin_from_local_settings``)."""
+    from airflow.policies import make_plugin_from_local_settings
+    from airflow.settings import get_policy_plugin_manager
+
+    module = types.ModuleType("airflow_local_settings")
+    module.pod_mutation_hook = hook  # type: ignore[attr-defined]
+    manager = get_policy_plugin_manager()
+    before = set(manager.get_plugins())
+    make_plugin_from_local_settings(manager, module, {"pod_mutation_hook"})
+    try:
+        yield
+    finally:
+        for plugin in set(manager.get_plugins()) - before:
+            manager.unregister(plugin)
+
+
+@pytest.fixture()
+def admin_hook() -> Iterator[list[dict[str, Any]]]:
+    """An administrator's hook that notes whether the cairn sidecar is already in the pod and
+    adds a label and a toleration of its own."""
+    seen: list[dict[str, Any]] = []
+
+    def pod_mutation_hook(pod: Any) -> None:
+        names = [c.name for c in pod.spec.init_containers or []]
+        seen.append({"init_containers": names, "command": list(pod.spec.containers[0].command)})
+        pod.metadata.labels["team"] = "ml-platform"
+        pod.spec.tolerations = [*(pod.spec.tolerations or []),
+                                k8s.V1Toleration(key="dedicated", operator="Exists")]
+
+    with local_settings_hook(pod_mutation_hook):
+        yield seen
+
+
+def test_the_pod_runs_cairn_with_its_sidecar_and_is_valid_for_1_29(kubeconfig: str,
+                                                                   store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url)
+    context = context_for(op)
+    doc = manifest(op.build_pod_request_obj(context))
+
+    base = container(doc, "base")
+    key = str(task_key(context))
+    assert base["command"][:6] == ["cairn", "run", "--store", store_url, "--key", key]
+    assert base["command"][base["command"].index("--"):] == ["--", "python", "train.py",
+                                                             "--steps", "100"]
+    assert "args" not in base
+    sidecar = container(doc, "cairn-sidecar")
+    assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == "repo/cairn-sidecar:0.1.0"
+    assert {"name": "cairn-shared", "mountPath": "/var/run/cairn"} in base["volumeMounts"]
+    assert "SYS_ADMIN" in base["securityContext"]["capabilities"]["add"]
+    # Airflow's own labels are there: the transform ran on the operator's finished pod.
+    assert doc["metadata"]["labels"]["kubernetes_pod_operator"] == "True"
+    assert doc["metadata"]["labels"]["try_number"] == "1"
+    kubernetes_validate.validate(doc, "1.29", strict=True)
+
+
+def test_state_mode_gets_the_checkpointer_env(kubeconfig: str, store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url, mode="state")
+    context = context_for(op)
+    base = container(manifest(op.build_pod_request_obj(context)), "base")
+    env = {e["name"]: e.get("value") for e in base["env"]}
+    assert base["command"] == ["python", "train.py"]
+    assert env["CAIRN_STORE"] == store_url and env["CAIRN_KEY"] == str(task_key(context))
+
+
+def test_the_transform_runs_before_the_administrators_hook(kubeconfig: str, store_url: str,
+                                                           admin_hook: list) -> None:
+    op = make_operator(kubeconfig, store_url)
+    doc = manifest(op.build_pod_request_obj(context_for(op)))
+
+    assert len(admin_hook) == 1
+    assert admin_hook[0]["init_containers"][0] == "cairn-sidecar"  # the hook saw cairn's pod
+    assert admin_hook[0]["command"][:2] == ["cairn", "run"]
+    assert doc["metadata"]["labels"]["team"] == "ml-platform"       # and its change survived
+    assert {"key": "dedicated", "operator": "Exists"} in doc["spec"]["tolerations"]
+    assert container(doc, "cairn-sidecar")
+
+
+def test_a_hook_that_breaks_the_pod_fails_strict_validation(kubeconfig: str,
+                                                            store_url: str) -> None:
+    def pod_mutation_hook(pod: Any) -> None:
+        pod.spec.termination_grace_period_seconds = "soon"
+
+    with local_settings_hook(pod_mutation_hook):
+        op = make_operator(kubeconfig, store_url)
+        with pytest.raises(ConfigError, match=r"terminationGracePeriodSeconds.*pod_mutation_hook"):
+            op.build_pod_request_obj(context_for(op))
+
+
+def record_preemptions(store_url: str, key: Any, count: int) -> None:
+    now = time.time()
+    with open_store(store_url) as store:
+        for epoch in range(1, count + 1):
+            start = now - (count - epoch + 1) * 1800
+            store.record_outcome(key, Outcome(epoch=epoch, outcome=OutcomeKind.PREEMPTED,
+                                              started_at=start, ended_at=start + 1200,
+                                              option=SPOT.name, snapshot_cost_s=8.0))
+
+
+def placed(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]
+    env = {e["name"]: e.get("value") for e in container(doc, "base").get("env", [])}
+    return {"selector": spec.get("nodeSelector", {}), "tolerations": spec.get("tolerations", []),
+            "priority": spec.get("priorityClassName"), "option": env.get("CAIRN_PLACEMENT_OPTION"),
+            "every": container(doc, "base")["command"][7]}
+
+
+def test_with_no_history_a_try_goes_to_spot(kubeconfig: str, store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url, placement=[SPOT, ON_DEMAND],
+                       policy_settings=PolicySettings(max_preemptions=2))
+    got = placed(manifest(op.build_pod_request_obj(context_for(op))))
+
+    assert got["option"] == "l4-spot" and got["priority"] == "cairn-spot"
+    assert got["selector"] == {"cloud.google.com/gke-spot": "true"}
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"} in got["tolerations"]
+    assert got["every"] == op.cairn_plan.placement.every
+
+
+def test_the_third_try_after_two_preemptions_goes_on_demand(kubeconfig: str,
+                                                            store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url, placement=[SPOT, ON_DEMAND],
+                       policy_settings=PolicySettings(max_preemptions=2))
+    context = context_for(op, try_number=3)
+    record_preemptions(store_url, task_key(context), 2)
+    doc = manifest(op.build_pod_request_obj(context))
+    got = placed(doc)
+
+    assert got["option"] == "l4-on-demand" and got["priority"] == "cairn-on-demand"
+    assert got["selector"] == {"cloud.google.com/gke-provisioning": "standard"}
+    assert not any(t.get("key") == "cloud.google.com/gke-spot" for t in got["tolerations"])
+    assert "2 preemptions" in op.cairn_plan.placement.reason
+    assert doc["metadata"]["labels"]["try_number"] == "3"
+    # Scheduled maintenance is avoided through the affinity the transform ANDs in.
+    terms = doc["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "cloud.google.com/scheduled-maintenance-time",
+            "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
+    kubernetes_validate.validate(doc, "1.29", strict=True)
+
+
+def test_image_digest_helpers() -> None:
+    assert image_repository("repo/train:1.0") == "repo/train"
+    assert image_repository("localhost:5000/team/train:1.0") == "localhost:5000/team/train"
+    assert image_repository("localhost:5000/train") == "localhost:5000/train"
+    assert image_repository(f"repo/train@{DIGEST}") == "repo/train"
+    assert digest_of(f"docker.io/repo/train@{DIGEST}") == DIGEST
+    assert digest_of(f"docker-pullable://repo/train@{DIGEST}") == DIGEST
+    assert digest_of(DIGEST) is None  # a local image ID: no registry can serve it
+    assert digest_of("repo/train@sha256:short") is None
+    assert pin_image("localhost:5000/train:1.0", DIGEST) == f"localhost:5000/train@{DIGEST}"
+    with pytest.raises(ConfigError, match="digest"):
+        pin_image("repo/train:1.0", "latest")
+
+
+def running_pod(image_id: str) -> k8s.V1Pod:
+    return k8s.V1Pod(status=k8s.V1PodStatus(phase="Running", container_statuses=[
+        k8s.V1ContainerStatus(name="cairn-sidecar", image="s", image_id=f"s@{'cd' * 32}",
+                              ready=True, restart_count=0),
+        k8s.V1ContainerStatus(name="base", image="repo/train:1.0", image_id=image_id,
+                              ready=True, restart_count=0)]))
+
+
+def test_retries_run_the_first_pods_image_digest(kubeconfig: str, store_url: str) -> None:
+    state = FakeTaskStateStore()
+    first = make_operator(kubeconfig, store_url)
+    context = context_for(first, state=state)
+    assert container(manifest(first.build_pod_request_obj(context)), "base")["image"] == \
+        "repo/train:1.0"
+    assert image_digest_from_pod(running_pod(f"docker.io/repo/train@{DIGEST}"), "base") == DIGEST
+    first.record_image_digest(context, running_pod(f"docker.io/repo/train@{DIGEST}"))
+    # A later try's record does not move the pin.
+    first.record_image_digest(context, running_pod(f"docker.io/repo/train@sha256:{'ef' * 32}"))
+    assert state.values[IMAGE_STATE_KEY] == {"image": "repo/train:1.0", "digest": DIGEST}
+
+    retry = make_operator(kubeconfig, store_url)
+    doc = manifest(retry.build_pod_request_obj(context_for(retry, try_number=2, state=state)))
+    assert container(doc, "base")["image"] == f"repo/train@{DIGEST}"
+    kubernetes_validate.validate(doc, "1.29", strict=True)
+
+    # A DAG whose image reference changed since the first try is not pinned to the old digest.
+    changed = make_operator(kubeconfig, store_url, image="repo/train:2.0")
+    doc = manifest(changed.build_pod_request_obj(context_for(changed, try_number=3, state=state)))
+    assert container(doc, "base")["image"] == "repo/train:2.0"
+
+
+def ended_pod(*, exit_code: int | None = None, reason: str | None = None,
+              pod_reason: str | None = None, disruption: bool = False) -> k8s.V1Pod:
+    terminated = k8s.V1ContainerStateTerminated(exit_code=exit_code, reason=reason) \
+        if exit_code is not None else None
+    conditions = [k8s.V1PodCondition(type="DisruptionTarget", status="True",
+                                     reason="TerminationByKubelet")] if disruption else None
+    status = k8s.V1ContainerStatus(name="base", image="i", image_id="", ready=False,
+                                   restart_count=0,
+                                   state=k8s.V1ContainerState(terminated=terminated))
+    return k8s.V1Pod(spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="base", image="i")]),
+                     status=k8s.V1PodStatus(phase="Failed", reason=pod_reason,
+                                            conditions=conditions, container_statuses=[status]))
+
+
+@pytest.mark.parametrize("pod, expected", [
+    (ended_pod(exit_code=75, reason="Error"), Preempted),
+    (ended_pod(exit_code=76, reason="Error"), Preempted),
+    (ended_pod(exit_code=5, reason="Error"), Fenced),
+    (ended_pod(exit_code=1, reason="Error"), None),
+    (ended_pod(exit_code=0, reason="Completed"), None),
+    (ended_pod(exit_code=137, reason="OOMKilled", disruption=True), None),
+    (ended_pod(exit_code=143, reason="Error", pod_reason="Terminated"), Preempted),
+    (ended_pod(exit_code=137, reason="Error", disruption=True), Preempted),
+    (ended_pod(pod_reason="Evicted"), Preempted),
+], ids=["75", "76", "5", "1", "0", "oom", "node-shutdown", "disruption", "evicted"])
+def test_how_a_finished_pod_maps_to_cairn_errors(pod: k8s.V1Pod, expected: type | None) -> None:
+    error = pod_end_error(pod, "base")
+    assert (None if error is None else type(error)) is expected
+
+
+class FakeKubernetesApi:
+    """Stands in for the Kubernetes API server (none can run here), on 127.0.0.1: it serves one
+    finished pod for Airflow's cleanup (read, label patch, delete, events) and records the
+    requests."""
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.pod, self.requests = pod, []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                api.requests.append((self.command, self.path.split("?")[0]))
+                body = {"kind": "EventList", "apiVersion": "v1", "items": []} \
+                    if "/events" in self.path else api.pod
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PATCH = do_DELETE = _reply
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(tmp_path: Path,
+                                                                  store_url: str) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    pod = ended_pod(exit_code=137, reason="Error", disruption=True)
+    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
+    pod.status.start_time = datetime.now(timezone.utc) - timedelta(seconds=5)
+    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
+    config = tmp_path / "fake-kubeconfig"
+    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
+    try:
+        op = make_operator(str(config), store_url, placement=[SPOT, ON_DEMAND])
+        context = context_for(op)
+        op.build_pod_request_obj(context)
+        key = task_key(context)
+        with open_store(store_url) as store:
+            old = store.open_attempt(key)      # an earlier try, before this pod started
+            store.record_outcome(key, Outcome(epoch=old.epoch, outcome=OutcomeKind.PREEMPTED,
+                                              started_at=time.time() - 60,
+                                              ended_at=time.time() - 30, option=SPOT.name))
+            mine = store.open_attempt(key)     # what `cairn run` opened in this pod
+
+        with pytest.raises(Preempted) as raised:
+            op.cleanup(pod=pod, remote_pod=pod, context=context)
+        assert "returned a failure" in str(raised.value.__cause__)  # Airflow's verdict, mapped
+        assert ("DELETE", "/api/v1/namespaces/training/pods/train-abc") in api.requests
+    finally:
+        api.close()
+    with open_store(store_url) as store:
+        outcomes = {o.epoch: o for o in store.outcomes(key)}
+        assert outcomes[mine.epoch].outcome is OutcomeKind.PREEMPTED
+        assert outcomes[mine.epoch].option == "l4-spot"
+        assert outcomes[mine.epoch].detail["disruption"] == "TerminationByKubelet"
+        assert len(outcomes) == 2
+        # Once recorded, a second look neither overwrites nor adds a record.
+        assert record_pod_outcome(store, key, pod, "base") is None
+
+
+def test_a_failed_step_stays_an_airflow_failure(tmp_path: Path, store_url: str) -> None:
+    from airflow.providers.common.compat.sdk import AirflowException
+
+    pod = ended_pod(exit_code=1, reason="Error")
+    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
+    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
+    config = tmp_path / "fake-kubeconfig"
+    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
+    try:
+        op = make_operator(str(config), store_url)
+        context = context_for(op)
+        op.build_pod_request_obj(context)
+        with pytest.raises(AirflowException, match="returned a failure"):
+            op.cleanup(pod=pod, remote_pod=pod, context=context)
+    finally:
+        api.close()
+
+
+def test_pod_status_to_outcome_kind() -> None:
+    assert outcome_from_pod(ended_pod(exit_code=137, reason="OOMKilled"), "base") is \
+        OutcomeKind.FAILED
+    assert outcome_from_pod(ended_pod(pod_reason="Evicted"), "base") is OutcomeKind.EVICTED
+    assert outcome_from_pod(ended_pod(exit_code=143, pod_reason="Terminated"), "base") is \
+        OutcomeKind.PREEMPTED
+    assert outcome_from_pod(ended_pod(exit_code=1, reason="Error"), "base") is None
+
+
+def test_on_kill_deletes_the_pod_with_the_grace_the_final_snapshot_needs(
+        kubeconfig: str, store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url, termination_grace_period=5,
+                       final_snapshot_s=40.0, on_kill_action="keep_pod")
+    op.pod = op.build_pod_request_obj(context_for(op))
+    assert op.pod.spec.termination_grace_period_seconds == 50
+    op.on_kill()   # keep_pod: nothing is sent to the (absent) API server
+    assert op.termination_grace_period == 50
+
+
+def test_bad_settings_are_refused_with_the_fix(kubeconfig: str, store_url: str) -> None:
+    with pytest.raises(ConfigError, match="reattach"):
+        make_operator(kubeconfig, store_url, reattach_on_restart=False)
+    with pytest.raises(ConfigError, match="1.29 or later"):
+        make_operator(kubeconfig, store_url, kubernetes_version="1.28")
+    with pytest.raises(ConfigError, match="not pinned"):
+        op = make_operator(kubeconfig, store_url, sidecar_image="repo/cairn-sidecar")
+        op.build_pod_request_obj(context_for(op))
+
+
+def test_importing_the_module_pulls_in_neither_torch_nor_criu() -> None:
+    import subprocess
+
+    code = ("import sys, cairn_airflow.kubernetes; "
+            "bad = [m for m in sys.modules if m in ('torch', 'numpy') "
+            "or m.startswith('cairn.process') or m.startswith('cairn.state.checkpointer')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_example_dag_renders_its_pod(kubeconfig: str, store_url: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    repo = Path(__file__).resolve().parents[3]
+    bag = DagBag(dag_folder=str(repo / "dags" / "kubernetes_training.py"))
+    assert not bag.import_errors, bag.import_errors
+    op = bag.dags["cairn_kubernetes_training"].get_task("train")
+    op.store_url, op.config_file, op.in_cluster = store_url, kubeconfig, False
+    doc = manifest(op.build_pod_request_obj(context_for(op)))
+    base = container(doc, "base")
+    assert base["command"][:2] == ["cairn", "run"]
+    assert base["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert doc["spec"]["priorityClassName"] == "cairn-spot"
+    kubernetes_validate.validate(doc, "1.29", strict=True)
+    # Airflow's dry run (no task instance, no cluster credentials) shows the same cairn pod.
+    op.dry_run()
+    printed = capsys.readouterr().out
+    assert "cairn-sidecar" in printed and "dry-run" in printed
