@@ -11,11 +11,13 @@ saved and how to look at the snapshots.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from cairn_airflow.local_stack import AirflowStack
@@ -45,11 +47,16 @@ def main() -> int:
     parser.add_argument("--step-seconds", type=float, default=0.005)
     parser.add_argument("--kill-after-step", type=int, default=1250)
     parser.add_argument("--dir", default=str(REPO / ".demo"))
+    parser.add_argument("--serve", type=int, metavar="PORT", default=None,
+                        help="serve the last demo's Airflow (and the snapshots page) on PORT "
+                             "until Ctrl-C, instead of running the demo")
     args = parser.parse_args()
 
     root = Path(args.dir)
-    shutil.rmtree(root, ignore_errors=True)
     store, progress = root / "store", root / "progress.log"
+    if args.serve:
+        return serve(root, store, args.serve)
+    shutil.rmtree(root, ignore_errors=True)
     stack = AirflowStack(root / "airflow", REPO / "dags", store=store)
     say(f"starting Airflow 3 (LocalExecutor, SQLite) in {stack.home}; logs: {stack.home}/*.log")
     started = time.monotonic()
@@ -88,9 +95,32 @@ def main() -> int:
         print(f"    without cairn the retry would have started at step 0 and rerun {reached + 1} "
               "steps")
         say("look at it yourself")
-        print(f"    cairn ls {store}")
-        print(f"    AIRFLOW_HOME={stack.home} .venv-airflow/bin/airflow api-server --port 8080 "
-              "(with the same AIRFLOW__* settings) and open the task's 'cairn snapshots' link")
+        print(f"    .venv/bin/cairn ls {store}")
+        print("    make demo-ui   # then open the URL it prints: this run's snapshots, tries and "
+              "their outcomes")
+        (root / "last_run.json").write_text(json.dumps({"dag_id": DAG_ID, "run_id": run_id}))
+        return 0
+    finally:
+        stack.stop()
+
+
+def serve(root: Path, store: Path, port: int) -> int:
+    """Start the last demo's Airflow again on ``port`` and wait for Ctrl-C."""
+    last = root / "last_run.json"
+    if not last.exists():
+        print("no demo has run yet: run `make demo` first", file=sys.stderr)
+        return 2
+    run = json.loads(last.read_text())
+    stack = AirflowStack(root / "airflow", REPO / "dags", store=store, port=port)
+    stack.start()
+    query = urllib.parse.urlencode({"dag_id": run["dag_id"], "task_id": "train",
+                                    "run_id": run["run_id"]})
+    say(f"Airflow is up: {stack.base}/cairn/snapshots?{query}")
+    print("    (the task instance's 'cairn snapshots' tab shows the same page; Ctrl-C stops)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
         return 0
     finally:
         stack.stop()

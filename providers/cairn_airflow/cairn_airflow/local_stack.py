@@ -35,11 +35,11 @@ def free_port() -> int:
 class AirflowStack:
     """Start with :meth:`start`, stop with :meth:`stop` (kills every component's group)."""
 
-    def __init__(self, home: Path, dags: Path, *, store: Path) -> None:
+    def __init__(self, home: Path, dags: Path, *, store: Path, port: int | None = None) -> None:
         self.home = home
         self.dags = dags
         self.store = store
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         home.mkdir(parents=True, exist_ok=True)
