@@ -40,6 +40,9 @@ from cairn.state.triggers import young_daly_interval
 log = logging.getLogger(__name__)
 
 
+_FIT_TOLERANCE_H = 1e-3 / 3600.0
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     """Knobs of :func:`decide`; the defaults suit GPU training steps of hours.
@@ -230,7 +233,10 @@ def decide(options: Iterable[CapacityOption], history: History | None = None, *,
         if remaining_work_h is None:
             why.append("deadline not checked: remaining work unknown (record total_steps)")
         else:
-            fits = [e for e in pool if e.needed_h is not None and e.needed_h <= slack_h]
+            # A deadline handed over as a timestamp loses a few ulps; a millisecond of
+            # tolerance keeps "needs exactly the slack" on the side of fitting.
+            fits = [e for e in pool
+                    if e.needed_h is not None and e.needed_h <= slack_h + _FIT_TOLERANCE_H]
             best = cheapest(pool)
             if fits:
                 choice = cheapest(fits)

@@ -86,11 +86,23 @@ def test_moves_to_on_demand_when_the_deadline_is_at_risk(work_h, preempted, fact
     od = estimate_option(ON_DEMAND, history, remaining_work_h=work_h)
     # a slack that on-demand meets and spot, at the 90th percentile of preemptions, does not
     slack = od.needed_h + factor * (spot.needed_h - od.needed_h)
-    assume(od.needed_h < slack < spot.needed_h)
+    assume(od.needed_h <= slack < spot.needed_h - 1e-6)
     p = decide([SPOT, ON_DEMAND], history, deadline=NOW + slack * 3600, now=NOW,
                remaining_work_h=work_h)
     assert p.option == ON_DEMAND
     assert "slack" in p.reason and "needed on a100-spot" in p.reason
+
+
+@pytest.mark.parametrize("work_h", [0.1, 1.87, 7.3, 40.0])
+def test_a_slack_exactly_the_time_needed_on_demand_fits(work_h: float) -> None:
+    # Hypothesis once found slack == needed: the deadline, passed as a timestamp, came back a
+    # few ulps short and the policy said "fits nowhere" instead of naming spot's shortfall.
+    history = preemptions_on(SPOT.name, 2)
+    od = estimate_option(ON_DEMAND, history, remaining_work_h=work_h)
+    p = decide([SPOT, ON_DEMAND], history, deadline=NOW + od.needed_h * 3600, now=NOW,
+               remaining_work_h=work_h)
+    assert p.option == ON_DEMAND
+    assert "needed on a100-spot" in p.reason, p.reason
 
 
 @settings(max_examples=150, deadline=None)
