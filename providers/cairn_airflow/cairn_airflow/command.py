@@ -39,7 +39,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
 from cairn_airflow.operators import XCOM_KEY, task_key
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,7 @@ class CairnRunOperator(BaseOperator):
         self._proc: subprocess.Popen[bytes] | None = None
 
     def store_config(self) -> StoreConfig:
-        if self.store_url:
-            return StoreConfig(url=self.store_url, source="the operator's store_url")
-        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+        return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def cairn_argv(self, url: str, key: Any) -> list[str]:
         argv = [*cairn_executable(), "run", "--store", url, "--key", str(key),

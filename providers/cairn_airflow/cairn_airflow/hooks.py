@@ -81,6 +81,13 @@ def store_config_from_connection(conn: Any) -> StoreConfig:
     return StoreConfig(url=url, env=env, source=f"connection {conn.conn_id!r}")
 
 
+def operator_store_config(*, store_url: str | None, cairn_conn_id: str) -> StoreConfig:
+    """The store an operator uses: its own ``store_url`` when given, else the connection."""
+    if store_url:
+        return StoreConfig(url=store_url, source="the operator's store_url")
+    return CairnHook(cairn_conn_id=cairn_conn_id).store_config()
+
+
 class CairnHook(BaseHook):
     """Resolves a ``cairn`` connection into a :class:`StoreConfig`.
 

@@ -55,7 +55,7 @@ from airflow.policies import hookimpl
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
 from cairn_airflow.operators import _environ, task_key
 
 log = logging.getLogger(__name__)
@@ -421,9 +421,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
     # -- one try's plan ---------------------------------------------------------------------
 
     def store_config(self) -> StoreConfig:
-        if self.store_url:
-            return StoreConfig(url=self.store_url, source="the operator's store_url")
-        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+        return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def _key(self, context: Any) -> Any:
         if context is not None:

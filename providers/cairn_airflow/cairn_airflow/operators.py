@@ -36,7 +36,7 @@ from typing import Any
 from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, CairnHook, StoreConfig
+from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +163,7 @@ class CairnPythonOperator(PythonOperator):
         self._cairn_ckpt: Any = None
 
     def store_config(self) -> StoreConfig:
-        if self.store_url:
-            return StoreConfig(url=self.store_url, source="the operator's store_url")
-        return CairnHook(cairn_conn_id=self.cairn_conn_id).store_config()
+        return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def cairn_env(self, config: StoreConfig, key: Any) -> dict[str, str]:
         """The variables a subprocess needs for ``Checkpointer.from_env()``."""
