@@ -324,6 +324,7 @@ After the command exits 0 the key is marked done and its snapshots removed (--ke
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from cairn.policy.resume import parse_seqs
     from cairn.process.supervisor import OnSuccess, RunSettings, parse_duration, run
 
     command = list(args.cmd)
@@ -337,7 +338,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             workdir=args.workdir, ghost_limit=args.ghost_limit_mb << 20,
             on_success=OnSuccess.KEEP if args.keep else OnSuccess.DROP,
             preflight=not args.no_preflight, echo=not args.no_echo,
-            notice_file=args.notice_file or None, status_file=args.status_file or None)
+            notice_file=args.notice_file or None, status_file=args.status_file or None,
+            exclude_seqs=parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"))
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -435,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-file", default=os.environ.get("CAIRN_STATUS_FILE"), metavar="PATH",
                    help="write snapshot counters here after each snapshot, for `cairn sidecar`'s "
                         "metrics (default $CAIRN_STATUS_FILE)")
+    p.add_argument("--exclude-seqs", default=os.environ.get("CAIRN_EXCLUDE_SEQS"),
+                   metavar="SEQ,...",
+                   help="snapshots never to restore, e.g. 12,15 (a resume policy's loop guard; "
+                        "default $CAIRN_EXCLUDE_SEQS)")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     p.set_defaults(func=cmd_run, store=None)

@@ -5,6 +5,10 @@ the capacity option (spot first, cheapest per unit of work; on-demand after K pr
 the deadline is at risk), the snapshot interval (Young–Daly), whether to avoid nodes with
 scheduled maintenance, and a one-line reason. Pure and deterministic: no clock unless ``now`` is
 left out, no I/O except :meth:`History.from_store`. Imports neither Kubernetes nor torch.
+
+``plan_resume(History.from_store(store, key), ResumePolicy(...))`` says which snapshots the
+next try may restore and whether it should run at all (errors versus preemptions, a crash
+loop's guard); :func:`after_try` whether an ended try retries, stops or is rescheduled.
 """
 
 from __future__ import annotations
@@ -20,16 +24,23 @@ from cairn.policy.decide import (
 )
 from cairn.policy.history import History
 from cairn.policy.options import CapacityOption, check_options
+from cairn.policy.resume import AfterTry, ResumeOn, ResumePlan, ResumePolicy, after_try, plan_resume
 
 __all__ = [
+    "AfterTry",
     "CapacityOption",
     "History",
     "OptionEstimate",
     "Placement",
     "PolicySettings",
+    "ResumeOn",
+    "ResumePlan",
+    "ResumePolicy",
+    "after_try",
     "check_options",
     "decide",
     "estimate_option",
+    "plan_resume",
     "poisson_quantile",
     "summarize",
 ]

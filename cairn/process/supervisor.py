@@ -117,6 +117,7 @@ class RunSettings:
     echo: bool = True  # copy the workload's output to the supervisor's stdout/stderr
     notice_file: str | None = None  # polled for a sidecar's preemption notice (k8s)
     status_file: str | None = None  # written after each snapshot, for the sidecar's metrics
+    exclude_seqs: frozenset[int] = frozenset()  # never restored (a resume policy's verdict)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -277,7 +278,7 @@ class Supervisor:
             self._store = open_store(s.store)
             self._attempt = self._store.open_attempt(
                 self.key, note={"mode": "process", "host": os.uname().nodename,
-                                "argv": list(s.argv)})
+                                "argv": list(s.argv)}, exclude=s.exclude_seqs)
         except StoreError as e:
             log.error("cannot open the store: %s", e)
             return EXIT_STORAGE
@@ -335,7 +336,8 @@ class Supervisor:
         assert self._store is not None
         reason = None
         snapshots = [i for i in self._store.snapshots(self.key)
-                     if i.manifest.mode is SnapshotMode.PROCESS]
+                     if i.manifest.mode is SnapshotMode.PROCESS
+                     and i.seq not in self.settings.exclude_seqs]
         for info in snapshots:
             manifest = info.manifest
             differences = compat_mod.differences(manifest.metadata.get("compat") or {},

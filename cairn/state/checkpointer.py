@@ -45,7 +45,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
+from cairn.policy.resume import EXCLUDE_SEQS_ENV, parse_seqs
 from cairn.state import capture
 from cairn.state.codec import (
     STATE_FILE,
@@ -204,7 +205,8 @@ class Checkpointer:
                  every_seconds: float | None = None,
                  preemption: PreemptionPolicy | None = PreemptionPolicy(),
                  persist: PersistMode = PersistMode.SIDECAR, when_busy: WhenBusy = WhenBusy.WAIT,
-                 buffers: int = 1, max_failures: int = 3) -> None:
+                 buffers: int = 1, max_failures: int = 3,
+                 exclude_seqs: Collection[int] = ()) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -213,7 +215,10 @@ class Checkpointer:
         if policy is None:
             policy = (SnapshotPolicy(every_steps=every_steps, every_seconds=every_seconds)
                       if every_steps is not None or every_seconds is not None else SnapshotPolicy())
+        if any(not isinstance(seq, int) or isinstance(seq, bool) for seq in exclude_seqs):
+            raise ConfigError("exclude_seqs must be snapshot seqs (integers)")
         self.policy = policy
+        self.exclude_seqs = frozenset(exclude_seqs)  # never restored (a resume policy's verdict)
         self._owns_store = not isinstance(store, Store)
         self.store = open_store(store) if isinstance(store, str) else store
         self.key = Key.parse(key) if isinstance(key, str) else key
@@ -251,7 +256,8 @@ class Checkpointer:
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
         """From ``CAIRN_STORE`` and ``CAIRN_KEY`` (set by the Airflow operator or KFP component),
-        plus optional ``CAIRN_EVERY_STEPS`` and ``CAIRN_EVERY_SECONDS``."""
+        plus optional ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and
+        ``CAIRN_EXCLUDE_SEQS`` (comma-separated seqs never to restore)."""
         store, key = os.environ.get("CAIRN_STORE"), os.environ.get("CAIRN_KEY")
         if not store or not key:
             raise ConfigError("CAIRN_STORE and CAIRN_KEY must be set (the cairn Airflow operator "
@@ -265,6 +271,9 @@ class Checkpointer:
         except ValueError:
             raise ConfigError("CAIRN_EVERY_STEPS must be an integer and CAIRN_EVERY_SECONDS a "
                               "number of seconds") from None
+        if os.environ.get(EXCLUDE_SEQS_ENV) and "exclude_seqs" not in options:
+            options["exclude_seqs"] = parse_seqs(os.environ[EXCLUDE_SEQS_ENV],
+                                                 source=EXCLUDE_SEQS_ENV)
         return cls(store=store, key=key, **options)
 
     def restore(self, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
@@ -291,7 +300,8 @@ class Checkpointer:
         if self._group.active and self.persist_mode is not PersistMode.SIDECAR:
             raise ConfigError("distributed training needs persist=PersistMode.SIDECAR")
         if self._group.rank == 0:
-            self._attempt = self.store.open_attempt(self.key, note={"mode": "state"})
+            self._attempt = self.store.open_attempt(self.key, note={"mode": "state"},
+                                                    exclude=self.exclude_seqs)
             epoch = self._group.broadcast([self._attempt.epoch])[0]
         else:
             epoch = self._group.broadcast([0])[0]
@@ -333,10 +343,10 @@ class Checkpointer:
             if parent is not None:
                 yield SnapshotInfo(self.key, parent.seq, parent.epoch, parent)
             for info in self.store.snapshots(self.key):
-                if parent is None or info.seq < parent.seq:
+                if (parent is None or info.seq < parent.seq) and info.seq not in self.exclude_seqs:
                     yield info
             return
-        snapshots = self.store.snapshots(self.key)
+        snapshots = [i for i in self.store.snapshots(self.key) if i.seq not in self.exclude_seqs]
         count = self._group.broadcast([len(snapshots)])[0]  # rank 0's view decides
         yield from snapshots[:count]
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -311,13 +312,15 @@ class Store:
                 continue
         return Attempt(self, key, attempt_log, parent)
 
-    def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None) -> Attempt:
+    def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None,
+                     exclude: Collection[int] = ()) -> Attempt:
         """Start an attempt: its ``open`` record fences every older attempt of ``key``.
 
-        Its parent is the newest snapshot whose manifest reads and whose packs all exist; pass
-        it to a restore, and later snapshots dedup against it.
+        Its parent is the newest snapshot whose manifest reads and whose packs all exist and
+        whose seq is not in ``exclude``; pass it to a restore, and later snapshots dedup
+        against it. The ``open`` record notes it as ``resumed_from``.
         """
-        parent = self.latest_good(key, deep=False)
+        parent = self.latest_good(key, deep=False, exclude=exclude)
         note = dict(note or {})
         note.setdefault("resumed_from", parent.seq if parent else None)
         note.setdefault("resumed_step", parent.step if parent else None)
@@ -345,13 +348,17 @@ class Store:
                 raise CorruptSnapshot(f"snapshot seq {manifest.seq}: pack {pack} is truncated "
                                       f"({size} < {end} bytes)", seq=manifest.seq)
 
-    def latest_good(self, key: Key, *, deep: bool = False) -> Manifest | None:
+    def latest_good(self, key: Key, *, deep: bool = False,
+                    exclude: Collection[int] = ()) -> Manifest | None:
         """The newest snapshot that checks out, skipping bad ones with a logged reason.
 
         ``deep=False`` checks the manifest and that every pack is present; ``deep=True``
-        reads and verifies every chunk. ``None`` when there is none (or the key is done).
+        reads and verifies every chunk. Snapshots whose seq is in ``exclude`` (a resume
+        policy's verdict) are passed over. ``None`` when there is none (or the key is done).
         """
         for info in self.snapshots(key):
+            if info.seq in exclude:
+                continue
             try:
                 self.check_present(info.manifest)
                 if deep:

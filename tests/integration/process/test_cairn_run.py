@@ -212,6 +212,26 @@ def test_corrupt_newest_snapshot_falls_back_to_the_previous_one(place: dict[str,
         second.kill()
 
 
+def test_excluded_snapshots_are_not_restored(place: dict[str, Path]) -> None:
+    """--exclude-seqs (here through $CAIRN_EXCLUDE_SEQS, as the Airflow operator's resume
+    policy passes it): the newest snapshot is passed over for the one before it."""
+    first = _counter(place, 100000)
+    _after_a_snapshot(first, min_steps=5, metrics=place["metrics"], count=2)
+    first.kill()
+    wait_for(lambda: gone(first.child_pid()), 10, "the workload to die")
+    with open_store(str(place["store"]), create=False) as store:
+        newest, previous = [i.seq for i in store.snapshots(Key.parse("dag/task/1"))[:2]]
+    second = _counter(place, 100000, env={"CAIRN_EXCLUDE_SEQS": str(newest)})
+    try:
+        wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None,
+                 60, "the restore")
+        assert f"restored snapshot seq {previous} " in second.stderr, second.stderr
+    finally:
+        second.kill()
+    with open_store(str(place["store"]), create=False) as store:
+        assert store.tries(Key.parse("dag/task/1"))[-1].resumed_from == previous
+
+
 def test_changed_script_or_host_record_starts_fresh_saying_why(place: dict[str, Path]) -> None:
     script = place["work"] / "job.py"
     shutil.copy(COUNTER, script)

@@ -81,6 +81,42 @@ def test_corrupt_newest_falls_back_and_never_loads_it(store: Store) -> None:
         assert torch.equal(a, b)
 
 
+def test_excluded_snapshots_are_never_restored_and_the_open_record_says_so(store: Store) -> None:
+    """A resume policy's verdict (cairn.policy.resume): skip seq X, fall back to the one before,
+    then start fresh; the attempt's open record names what it really resumed from."""
+    model, opt = make()
+    ckpt = Checkpointer(store=store, key=KEY, every_steps=1, every_seconds=None)
+    ckpt.restore(model=model, optimizer=opt)
+    seqs = []
+    for step in range(2):
+        train_step(model, opt)
+        seqs.append(ckpt.save(step, wait=True).seq)  # type: ignore[union-attr]
+    ckpt.close()
+    older, newer = seqs
+    model2, opt2 = make(seed=5)
+    back = Checkpointer(store=store, key=KEY, exclude_seqs=[newer])
+    assert back.restore(model=model2, optimizer=opt2) == 1
+    assert back.restored_from is not None and back.restored_from.seq == older
+    back.close()
+    fresh = Checkpointer(store=store, key=KEY, exclude_seqs={older, newer})
+    assert fresh.restore(model=model2, optimizer=opt2) == 0 and fresh.restored_from is None
+    fresh.close()
+    tries = store.tries(Key.parse(KEY))
+    assert [t.resumed_from for t in tries] == [None, older, None]
+
+
+def test_exclude_seqs_from_the_environment(monkeypatch: pytest.MonkeyPatch, backend_url: str) -> None:
+    monkeypatch.setenv("CAIRN_STORE", backend_url)
+    monkeypatch.setenv("CAIRN_KEY", KEY)
+    monkeypatch.setenv("CAIRN_EXCLUDE_SEQS", "7,9")
+    ckpt = Checkpointer.from_env()
+    assert ckpt.exclude_seqs == {7, 9}
+    ckpt.close()
+    monkeypatch.setenv("CAIRN_EXCLUDE_SEQS", "seven")
+    with pytest.raises(ConfigError, match="CAIRN_EXCLUDE_SEQS must be comma-separated"):
+        Checkpointer.from_env()
+
+
 def test_changed_architecture_is_refused_before_anything_loads(store: Store) -> None:
     model, opt = make()
     ckpt = Checkpointer(store=store, key=KEY)
