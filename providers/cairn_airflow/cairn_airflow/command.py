@@ -18,7 +18,12 @@ Contract of one try (``execute``):
 - ``execute`` returns the XCom ``cairn`` metadata when the command succeeded (the key is then
   marked done, unless ``keep_snapshots``); exit 75/76 (preempted, final snapshot committed or
   not) raise :class:`cairn.exceptions.Preempted`, exit 5 (a newer try exists) raises
-  :class:`cairn.exceptions.Fenced`, any other non-zero exit an ``AirflowException`` naming it.
+  :class:`cairn.exceptions.Fenced`, any other non-zero exit an ``AirflowException`` naming it;
+- the resume policy (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``;
+  see :mod:`cairn_airflow.resume`) reads the key's history before the command starts: the
+  snapshots it rules out are passed as ``--exclude-seqs``, and a step that failed too often is
+  not started; after a failure it may stop the retries or reschedule a preemption. ``cairn
+  run`` records each try's outcome itself.
 
 Needs, on the worker: root and CRIU 4.x (``cairn doctor`` says what is missing; ``cairn run``
 exits 7 before starting the command when the host is not ready).
@@ -33,14 +38,15 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.operators import XCOM_KEY, task_key
+from cairn_airflow.operators import XCOM_KEY, _environ, task_key
+from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def exit_error(code: int, key: Any) -> Exception:
+    """The error a non-zero exit status of ``cairn run`` stands for."""
+    from airflow.exceptions import AirflowException
+
+    from cairn.exceptions import Fenced, Preempted
+
+    if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
+        saved = "committed" if code == EXIT_PREEMPTED_SAVED else "not taken (the previous one is kept)"
+        return Preempted(f"cairn run was stopped; its final snapshot was {saved}; a retry "
+                         "resumes from the last committed snapshot")
+    if code == EXIT_FENCED:
+        return Fenced(f"a newer try of {key} is running; this one stopped its workload")
+    why = {EXIT_USAGE: "usage error", EXIT_STORE: "the store is unreachable",
+           EXIT_HOST_NOT_READY: "this worker cannot run process mode (run `cairn doctor`)"}
+    return AirflowException(f"cairn run exited with {code}"
+                            + (f": {why[code]}" if code in why else " (the command's own exit "
+                               "status, 128+N for signal N)"))
+
+
 class CairnRunOperator(BaseOperator):
     """Runs ``command`` under ``cairn run`` so that a retry resumes the process from its last
     snapshot (see the module docstring for the contract of one try).
@@ -98,6 +123,8 @@ class CairnRunOperator(BaseOperator):
     :param cairn_conn_id: the ``cairn`` connection naming the store.
     :param store_url: the store, overriding the connection.
     :param workdir: ``cairn run --workdir`` (local staging for dumps).
+    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
+        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
     """
 
     template_fields: Sequence[str] = ("command", "env", "cwd", "every", "grace")
@@ -107,8 +134,13 @@ class CairnRunOperator(BaseOperator):
                  grace: float | str = 4.0, cwd: str | None = None,
                  env: Mapping[str, str] | None = None, keep_snapshots: bool = False,
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
-                 workdir: str | None = None, **kwargs: Any) -> None:
+                 workdir: str | None = None, resume_on: str = "any_failure",
+                 max_error_retries: int | None = None, loop_guard: bool = True,
+                 max_preemptions: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.resume_policy = resume_policy(resume_on=resume_on,
+                                           max_error_retries=max_error_retries,
+                                           loop_guard=loop_guard, max_preemptions=max_preemptions)
         if isinstance(command, str) or not command:
             raise ConfigError("command must be a non-empty list such as ['python', 'train.py'] "
                               "(cairn runs it without a shell)")
@@ -126,9 +158,13 @@ class CairnRunOperator(BaseOperator):
     def store_config(self) -> StoreConfig:
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
-    def cairn_argv(self, url: str, key: Any) -> list[str]:
+    def cairn_argv(self, url: str, key: Any, exclude: Collection[int] = ()) -> list[str]:
+        from cairn.policy.resume import format_seqs
+
         argv = [*cairn_executable(), "run", "--store", url, "--key", str(key),
                 "--every", self.every, "--grace", self.grace]
+        if exclude:
+            argv += ["--exclude-seqs", format_seqs(exclude)]
         if self.workdir:
             argv += ["--workdir", self.workdir]
         if self.keep_snapshots:
@@ -136,12 +172,12 @@ class CairnRunOperator(BaseOperator):
         return [*argv, "--", *map(str, self.command)]
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from cairn.exceptions import Fenced, Preempted
-
         key = task_key(context)
         config = self.store_config()
-        argv = self.cairn_argv(config.url, key)
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
+        with _environ(config.env):
+            plan = plan_try(config.url, key, self.resume_policy)
+        argv = self.cairn_argv(config.url, key, plan.exclude)
         log.info("cairn: running %s", " ".join(argv))
         env = {**os.environ, **config.env, **self.env}
         # A session of its own: Airflow's group kill must not reach the workload before the
@@ -155,22 +191,12 @@ class CairnRunOperator(BaseOperator):
         code = proc.wait()
         pump.join(timeout=10)
         self._proc = None
-        meta = self._metadata(context, config.url, key, code)
+        meta = self._metadata(context, config.url, key, code, plan_reason=plan.reason)
         if code == 0:
             return meta
-        if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
-            saved = "committed" if code == EXIT_PREEMPTED_SAVED else "not taken (the previous one is kept)"
-            raise Preempted(f"cairn run was stopped; its final snapshot was {saved}; a retry "
-                            "resumes from the last committed snapshot")
-        if code == EXIT_FENCED:
-            raise Fenced(f"a newer try of {key} is running; this one stopped its workload")
-        from airflow.exceptions import AirflowException
-
-        why = {EXIT_USAGE: "usage error", EXIT_STORE: "the store is unreachable",
-               EXIT_HOST_NOT_READY: "this worker cannot run process mode (run `cairn doctor`)"}
-        raise AirflowException(f"cairn run exited with {code}"
-                               + (f": {why[code]}" if code in why else " (the command's own exit "
-                                  "status, 128+N for signal N)"))
+        error = exit_error(code, key)
+        raise_verdict(plan, self.resume_policy, error, delay=self.retry_delay)
+        raise error
 
     def _pump(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -188,11 +214,13 @@ class CairnRunOperator(BaseOperator):
             except ProcessLookupError:
                 pass
 
-    def _metadata(self, context: Any, url: str, key: Any, code: int) -> dict[str, Any]:
+    def _metadata(self, context: Any, url: str, key: Any, code: int, *,
+                  plan_reason: str) -> dict[str, Any]:
         """The XCom ``cairn``: the newest snapshot and the tries' epochs, read from the store."""
         meta: dict[str, Any] = {"key": str(key), "store": url, "exit_code": code, "seq": None,
                                 "step": None, "snapshots": 0, "done": False,
-                                "try_number": getattr(context["ti"], "try_number", None)}
+                                "try_number": getattr(context["ti"], "try_number", None),
+                                "resume_plan": plan_reason}
         try:
             from cairn.store import open_store
             from cairn.store.slotlog import RecordKind

@@ -19,7 +19,11 @@ Contract of one try (``execute``):
   snapshot metadata (key, store, seq, step, resumed_from, resumed_step, try_number, done),
   pushed on failure too;
 - ``Preempted`` (and every other error) propagates, so the task fails and Airflow retries it;
-  the retry resumes from the last committed snapshot.
+  the retry resumes from the last committed snapshot, as the resume policy allows
+  (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``; see
+  :mod:`cairn_airflow.resume`): before the callable runs, the key's history decides which
+  snapshots this try must not restore (passed on as ``CAIRN_EXCLUDE_SEQS`` too) or that it
+  must not run; after an error it may stop the retries or reschedule a preemption.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +41,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
+from cairn_airflow.resume import ended_as, plan_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +137,8 @@ class CairnPythonOperator(PythonOperator):
     :param store_url: the store, overriding the connection.
     :param checkpointer_options: more keyword arguments for ``Checkpointer`` (``preemption=``,
         ``persist=``, ``when_busy=``, ...).
+    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
+        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
     """
 
     ui_color = "#d8c8a8"
@@ -139,17 +146,23 @@ class CairnPythonOperator(PythonOperator):
     def __init__(self, *, python_callable: Callable[..., Any], every_steps: int | None = None,
                  every_seconds: float | None = None, keep_snapshots: bool = False,
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
-                 checkpointer_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 checkpointer_options: Mapping[str, Any] | None = None,
+                 resume_on: str = "any_failure", max_error_retries: int | None = None,
+                 loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
         super().__init__(python_callable=python_callable, **kwargs)
+        self.resume_policy = resume_policy(resume_on=resume_on,
+                                           max_error_retries=max_error_retries,
+                                           loop_guard=loop_guard, max_preemptions=max_preemptions)
         if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
             raise ConfigError("every_steps must be an integer of at least 1")
         if every_seconds is not None and every_seconds <= 0:
             raise ConfigError("every_seconds must be positive")
         options = dict(checkpointer_options or {})
-        clash = {"store", "key", "every_steps", "every_seconds"} & set(options)
+        clash = {"store", "key", "every_steps", "every_seconds", "exclude_seqs"} & set(options)
         if clash:
             raise ConfigError(f"checkpointer_options must not set {sorted(clash)}: the operator "
-                              "sets the store and key; use its every_steps/every_seconds")
+                              "sets the store, key and excluded snapshots; use its "
+                              "every_steps/every_seconds")
         self.ckpt_parameter = checkpointer_parameter(python_callable)
         if self.ckpt_parameter is not None and self.ckpt_parameter in (self.op_kwargs or {}):
             raise ConfigError(f"op_kwargs must not set {self.ckpt_parameter!r}: cairn passes the "
@@ -165,9 +178,13 @@ class CairnPythonOperator(PythonOperator):
     def store_config(self) -> StoreConfig:
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
-    def cairn_env(self, config: StoreConfig, key: Any) -> dict[str, str]:
+    def cairn_env(self, config: StoreConfig, key: Any,
+                  exclude: Collection[int] = ()) -> dict[str, str]:
         """The variables a subprocess needs for ``Checkpointer.from_env()``."""
-        env = {"CAIRN_STORE": config.url, "CAIRN_KEY": str(key), **config.env}
+        from cairn.policy.resume import EXCLUDE_SEQS_ENV, format_seqs
+
+        env = {"CAIRN_STORE": config.url, "CAIRN_KEY": str(key), **config.env,
+               EXCLUDE_SEQS_ENV: format_seqs(exclude)}
         if self.every_steps is not None:
             env["CAIRN_EVERY_STEPS"] = str(self.every_steps)
         if self.every_seconds is not None:
@@ -179,14 +196,19 @@ class CairnPythonOperator(PythonOperator):
         config = self.store_config()
         started_at = time.time()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        with _environ(self.cairn_env(config, key)):
-            ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key)
+        with _environ(config.env):
+            plan = plan_try(config.url, key, self.resume_policy)
+        with _environ(self.cairn_env(config, key, plan.exclude)):
+            ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key, plan.exclude)
             try:
                 result = super().execute(context)
             except BaseException as error:
                 self._close_after(ckpt, error)
-                self._push_metadata(context, ckpt, config.url, key, done=False)
+                self._push_metadata(context, ckpt, config.url, key, done=False,
+                                    plan_reason=plan.reason)
                 record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
+                if isinstance(error, Exception):
+                    raise_verdict(plan, self.resume_policy, error, delay=self.retry_delay)
                 raise
             finally:
                 self._cairn_ckpt = None
@@ -199,7 +221,8 @@ class CairnPythonOperator(PythonOperator):
                 raise
             if ckpt is not None:
                 ckpt.close()  # raises if the last snapshot was not committed
-            self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots)
+            self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots,
+                                plan_reason=plan.reason)
             record_outcome(ckpt, config.url, key, started_at=started_at, error=None)
         return result
 
@@ -208,7 +231,7 @@ class CairnPythonOperator(PythonOperator):
             self.op_kwargs = {**self.op_kwargs, self.ckpt_parameter: self._cairn_ckpt}
         return super().execute_callable()
 
-    def _new_checkpointer(self, url: str, key: Any) -> Any:
+    def _new_checkpointer(self, url: str, key: Any, exclude: Collection[int]) -> Any:
         """A Checkpointer when the callable asks for one (this imports torch), else None."""
         if self.ckpt_parameter is None:
             return None
@@ -219,7 +242,7 @@ class CairnPythonOperator(PythonOperator):
             options["every_steps"] = self.every_steps
         if self.every_seconds is not None:
             options["every_seconds"] = self.every_seconds
-        return Checkpointer(store=url, key=key, **options)
+        return Checkpointer(store=url, key=key, exclude_seqs=exclude, **options)
 
     @staticmethod
     def _close_after(ckpt: Any, error: BaseException) -> None:
@@ -250,8 +273,10 @@ class CairnPythonOperator(PythonOperator):
             if history and history[-1].kind is not RecordKind.DONE:
                 store.open_attempt(key, note={"mode": "airflow-finish"}).finish()
 
-    def _push_metadata(self, context: Any, ckpt: Any, url: str, key: Any, *, done: bool) -> None:
+    def _push_metadata(self, context: Any, ckpt: Any, url: str, key: Any, *, done: bool,
+                       plan_reason: str) -> None:
         meta = snapshot_metadata(ckpt, url, key, done=done)
+        meta["resume_plan"] = plan_reason
         ti = context["ti"]
         meta["try_number"] = getattr(ti, "try_number", None)
         try:
@@ -268,13 +293,10 @@ def record_outcome(ckpt: Any, url: str, key: Any, *, started_at: float,
     epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
     if epoch is None:
         return
-    from cairn.exceptions import Fenced, Preempted
     from cairn.store import open_store
-    from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
+    from cairn.store.outcomes import Outcome, Progress, record_best_effort
 
-    kind = (OutcomeKind.SUCCEEDED if error is None else OutcomeKind.PREEMPTED
-            if isinstance(error, Preempted) else OutcomeKind.FENCED
-            if isinstance(error, Fenced) else OutcomeKind.FAILED)
+    kind = ended_as(error)
     restored = ckpt.restored_from
     detail: dict[str, Any] = {"mode": "state"}
     if error is not None:

@@ -1,0 +1,96 @@
+"""The resume policy of cairn's operators, in Airflow's terms (see :mod:`cairn.policy.resume`).
+
+Every cairn operator takes the same four options:
+
+- ``resume_on``: ``"any_failure"`` (default; a retry resumes after errors too) or
+  ``"preemption"`` (after the step's own error the retry starts fresh);
+- ``max_error_retries``: once the step has failed with its own error more than this many
+  times, the try fails with ``AirflowFailException`` and Airflow stops retrying, whatever
+  ``retries`` says (preemptions never count);
+- ``loop_guard``: two tries that resumed from the same snapshot and committed nothing newer
+  make the next one fall back past it (then to a fresh start);
+- ``max_preemptions``: a try preempted with its final snapshot committed (SIGTERM from a node
+  shutdown or a spot reclaim reaching the task) raises ``AirflowRescheduleException``: the task
+  goes ``up_for_reschedule`` and runs again after ``retry_delay`` **without consuming a retry**
+  (Airflow keeps the try number), this many times per key; then preemptions are retried as
+  usual. A try that is SIGKILLed never gets to say so and consumes a retry.
+
+Each try's outcome record (written by the operator or ``cairn run``) is what the next try's
+plan reads, so the verdict survives workers and schedulers.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from cairn.exceptions import ConfigError
+from cairn.policy.resume import AfterTry, ResumeOn, ResumePlan, ResumePolicy, after_try, plan_resume
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESCHEDULE_DELAY = timedelta(seconds=30)
+
+
+def resume_policy(*, resume_on: ResumeOn | str = ResumeOn.ANY_FAILURE,
+                  max_error_retries: int | None = None, loop_guard: bool = True,
+                  max_preemptions: int = 0) -> ResumePolicy:
+    """An operator's options as a :class:`ResumePolicy` (a ConfigError names a bad one)."""
+    if not isinstance(loop_guard, bool):
+        raise ConfigError(f"loop_guard must be True or False, got {loop_guard!r}")
+    return ResumePolicy(resume_on=resume_on, max_error_retries=max_error_retries,
+                        loop_guard=loop_guard, max_preemptions=max_preemptions)
+
+
+def plan_try(url: str, key: Any, policy: ResumePolicy) -> ResumePlan:
+    """Read ``key``'s history in the store and plan this try; raises ``AirflowFailException``
+    (no retry) when the policy says the step must not run again. The store's credentials must
+    be in the environment."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cairn.policy import History
+    from cairn.store import open_store
+
+    with open_store(url) as store:
+        plan = plan_resume(History.from_store(store, key), policy)
+    log.info("cairn: resume plan: %s", plan.reason)
+    if plan.give_up:
+        raise AirflowFailException(f"cairn: {plan.reason}. Fix the step, then clear the task "
+                                   "(or raise max_error_retries)")
+    return plan
+
+
+def ended_as(error: BaseException | None) -> Any:
+    """The outcome kind a try that ended with ``error`` (None: success) is recorded as."""
+    from cairn.exceptions import Fenced, Preempted
+    from cairn.store.outcomes import OutcomeKind
+
+    if error is None:
+        return OutcomeKind.SUCCEEDED
+    if isinstance(error, Preempted):
+        return OutcomeKind.PREEMPTED
+    if isinstance(error, Fenced):
+        return OutcomeKind.FENCED
+    return OutcomeKind.FAILED
+
+
+def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
+                  delay: timedelta | None) -> None:
+    """Called with the error a try ended with, before it is re-raised: raise what Airflow must
+    see instead when the policy says stop (``AirflowFailException``) or reschedule
+    (``AirflowRescheduleException``); return when the error should simply fail the try."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+
+    verdict = after_try(plan, policy, ended_as(error))
+    if verdict is AfterTry.STOP:
+        raise AirflowFailException(
+            f"cairn: the step failed with its own error {plan.errors + 1} times, more than "
+            f"max_error_retries={policy.max_error_retries}; not retrying ({error})") from error
+    if verdict is AfterTry.RESCHEDULE:
+        wait = delay if delay is not None and delay.total_seconds() > 0 else DEFAULT_RESCHEDULE_DELAY
+        log.warning("cairn: preempted with the final snapshot committed; rescheduling in %s "
+                    "without consuming a retry (%d of max_preemptions=%d)", wait,
+                    plan.preemptions + 1, policy.max_preemptions)
+        raise AirflowRescheduleException(
+            reschedule_date=datetime.now(tz=timezone.utc) + wait) from error
