@@ -20,11 +20,20 @@ Airflow binds, partials and maps at parse time; at run time it receives a
 (``every_steps``, ``every_seconds``, ``keep_snapshots``, ``cairn_conn_id``, ``store_url``,
 ``checkpointer_options``) are those of :class:`~cairn_airflow.operators.CairnPythonOperator`;
 every other keyword is an operator argument (``retries``, ``retry_delay``, ...).
+
+``pod={...}`` runs the function in a Kubernetes pod instead, in state mode: the mapping holds
+:class:`~cairn_airflow.kubernetes.CairnKubernetesPodOperator` arguments (``image``,
+``sidecar_image``, ``namespace``, ...); see :mod:`cairn_airflow.kubernetes_decorator`::
+
+    @task.cairn(pod={"image": "REPO/train:1.0", "sidecar_image": "REPO/cairn-sidecar:0.1.0",
+                     "namespace": "training"}, every_steps=50, retries=3)
+    def train(epochs: int, ckpt):
+        ...
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
@@ -49,15 +58,26 @@ class _CairnDecoratedOperator(DecoratedOperator, CairnPythonOperator):
 
 
 def cairn_task(python_callable: Callable[..., Any] | None = None,
-               multiple_outputs: bool | None = None, **kwargs: Any) -> TaskDecorator:
-    """Wrap a function into a cairn task (``@task.cairn`` or ``@cairn_task``); see the module
-    docstring."""
+               multiple_outputs: bool | None = None, *, pod: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> TaskDecorator:
+    """Wrap a function into a cairn task (``@task.cairn`` or ``@cairn_task``); with ``pod=``,
+    one that runs in a Kubernetes pod. See the module docstring."""
+    operator_class: type[Any] = _CairnDecoratedOperator
+    if pod is not None and pod is not False:
+        # Imported only here: it imports the cncf Kubernetes provider (never torch).
+        from cairn_airflow.kubernetes_decorator import (
+            _CairnKubernetesDecoratedOperator,
+            pod_operator_kwargs,
+        )
+
+        kwargs = pod_operator_kwargs(pod, kwargs)
+        operator_class = _CairnKubernetesDecoratedOperator
     if python_callable is not None:
         return task_decorator_factory(python_callable=hide_checkpointer(python_callable),
                                       multiple_outputs=multiple_outputs,
-                                      decorated_operator_class=_CairnDecoratedOperator, **kwargs)
+                                      decorated_operator_class=operator_class, **kwargs)
     factory = task_decorator_factory(multiple_outputs=multiple_outputs,
-                                     decorated_operator_class=_CairnDecoratedOperator, **kwargs)
+                                     decorated_operator_class=operator_class, **kwargs)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         return factory(hide_checkpointer(fn))  # type: ignore[call-arg]
