@@ -35,7 +35,13 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
 - the base container's exit code 75/76 (``cairn run`` stopped by a preemption, final snapshot
   committed or not) raises :class:`cairn.exceptions.Preempted`, 5 (a newer try took the key
   over) :class:`cairn.exceptions.Fenced`; a pod ended by the node (shutdown, eviction, a
-  ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error.
+  ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error;
+- the resume policy (``resume_on``, ``max_error_retries``, ``loop_guard``,
+  ``max_preemptions``; see :mod:`cairn_airflow.resume`) reads the step's history on the
+  worker before the pod is built: the snapshots it rules out reach the pod as
+  ``CAIRN_EXCLUDE_SEQS`` (read by ``cairn run`` and ``Checkpointer.from_env()``), a step that
+  failed too often gets no pod; once the pod has failed it may stop the retries or
+  reschedule a preemption.
 
 Importing this module imports the cncf provider but neither torch nor CRIU.
 """
@@ -57,6 +63,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
 from cairn_airflow.operators import _environ, task_key
+from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +351,7 @@ class PodPlan:
     every: str
     placement: Any = None  # cairn.policy.Placement
     image: str | None = None  # the pinned image, when a previous try recorded its digest
+    resume: Any = None  # cairn.policy.ResumePlan (None on a dry run without a task instance)
 
 
 class CairnKubernetesPodOperator(KubernetesPodOperator):
@@ -367,6 +375,8 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
     :param store_url: the store, overriding the connection.
     :param transform_options: more keyword arguments for ``with_snapshot_sidecar``
         (``on_gce``, ``watch_node_label``, ``grace_margin_s``, ``metrics_port``, ...).
+    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
+        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
     """
 
     template_fields: Sequence[str] = (*KubernetesPodOperator.template_fields, "every")
@@ -379,8 +389,14 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                  placement: Sequence[Any] | None = None, deadline: datetime | float | None = None,
                  policy_settings: Any = None, kubernetes_version: str = "1.29",
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
-                 transform_options: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 transform_options: Mapping[str, Any] | None = None,
+                 resume_on: str = "any_failure", max_error_retries: int | None = None,
+                 loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
         from cairn.k8s.transform import PodMode, Staging, _coerce
+
+        self.resume_policy = resume_policy(resume_on=resume_on,
+                                           max_error_retries=max_error_retries,
+                                           loop_guard=loop_guard, max_preemptions=max_preemptions)
 
         for name in ("reattach_on_restart", "durable"):
             if kwargs.get(name) is False:
@@ -465,8 +481,12 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
         key = self._key(context)
         placement = self.decide_placement(store, key) if self.placement else None
         every = placement.every if placement is not None else str(self.every)
+        resume = None
+        if context is not None:
+            with _environ(store.env):
+                resume = plan_try(store.url, key, self.resume_policy)
         return PodPlan(store=store, key=key, every=every, placement=placement,
-                       image=self._pinned_image(context))
+                       image=self._pinned_image(context), resume=resume)
 
     def cairn_mutation(self, plan: PodPlan) -> Callable[[Any], None]:
         """The in-place change cairn makes to the built pod (before the administrator's hook)."""
@@ -493,10 +513,15 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                 names = {e.get("name") for e in env}
                 env.extend({"name": k, "value": v} for k, v in plan.placement.env().items()
                            if k not in names)
-            if plan.store.env:
+            extra_env = dict(plan.store.env)
+            if plan.resume is not None and plan.resume.exclude:
+                from cairn.policy.resume import EXCLUDE_SEQS_ENV, format_seqs
+
+                extra_env[EXCLUDE_SEQS_ENV] = format_seqs(plan.resume.exclude)
+            if extra_env:
                 env = main.setdefault("env", [])
                 names = {e.get("name") for e in env}
-                env.extend({"name": k, "value": v} for k, v in plan.store.env.items()
+                env.extend({"name": k, "value": v} for k, v in extra_env.items()
                            if k not in names)
             out = with_snapshot_sidecar(
                 manifest, store=plan.store.url, key=str(plan.key), mode=self.mode,
@@ -579,6 +604,10 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
             if type(e) is not AirflowException or remote_pod is None:
                 raise
             mapped = pod_end_error(remote_pod, self.base_container_name)
+            plan = self.cairn_plan
+            if plan is not None and plan.resume is not None:
+                raise_verdict(plan.resume, self.resume_policy, mapped or e,
+                              delay=self.retry_delay)
             if mapped is None:
                 raise
             raise mapped from e

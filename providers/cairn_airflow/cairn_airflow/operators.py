@@ -41,7 +41,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.resume import ended_as, plan_try, raise_verdict, resume_policy
+from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -259,19 +259,11 @@ class CairnPythonOperator(PythonOperator):
             log.error("cairn: closing the Checkpointer after %s failed: %s",
                       type(error).__name__, e)
 
-    def _finish(self, ckpt: Any, url: str, key: Any) -> None:
-        """Mark the key done: through the Checkpointer if it was restored, else directly in the
-        store when someone (a subprocess) wrote to the key."""
-        if ckpt is not None and _restored(ckpt):
-            ckpt.finish()
-            return
-        from cairn.store import open_store
-        from cairn.store.slotlog import RecordKind
+    @staticmethod
+    def _finish(ckpt: Any, url: str, key: Any) -> None:
+        from cairn.state.tries import mark_done
 
-        with open_store(url) as store:
-            history = store.history(key)
-            if history and history[-1].kind is not RecordKind.DONE:
-                store.open_attempt(key, note={"mode": "airflow-finish"}).finish()
+        mark_done(ckpt, url, key)
 
     def _push_metadata(self, context: Any, ckpt: Any, url: str, key: Any, *, done: bool,
                        plan_reason: str) -> None:
@@ -287,37 +279,10 @@ class CairnPythonOperator(PythonOperator):
 
 def record_outcome(ckpt: Any, url: str, key: Any, *, started_at: float,
                    error: BaseException | None) -> None:
-    """Leave this try's outcome record in the store (best effort; the Checkpointer's epoch
-    names the try): succeeded, preempted, fenced, or failed — a user error is recorded before
-    the task fails, so a try without a record was killed from outside."""
-    epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
-    if epoch is None:
-        return
-    from cairn.store import open_store
-    from cairn.store.outcomes import Outcome, Progress, record_best_effort
+    """Leave this try's outcome record in the store (see :func:`cairn.state.tries.record_try`)."""
+    from cairn.state.tries import record_try
 
-    kind = ended_as(error)
-    restored = ckpt.restored_from
-    detail: dict[str, Any] = {"mode": "state"}
-    if error is not None:
-        detail["error"] = f"{type(error).__name__}: {error}"[:500]
-    outcome = Outcome(
-        epoch=epoch, outcome=kind, started_at=started_at,
-        ended_at=max(time.time(), started_at),
-        progress=Progress(start_step=(restored.step + 1) if restored is not None
-                          and restored.step is not None else 0,
-                          kept_step=ckpt.committed_step, snapshot_seq=ckpt.committed_seq),
-        snapshot_cost_s=ckpt.snapshot_cost_s, detail=detail)
-    try:
-        with open_store(url, create=False) as store:  # the Checkpointer's may be closed
-            record_best_effort(store, key, outcome)
-    except Exception as e:  # noqa: BLE001 - an outcome must never fail the task
-        log.warning("cairn: could not record this try's outcome: %s", e)
-
-
-def _restored(ckpt: Any) -> bool:
-    """Whether ``ckpt.restore()`` was called (the Checkpointer has an open attempt)."""
-    return getattr(ckpt, "_attempt", None) is not None
+    record_try(ckpt, url, key, started_at=started_at, error=error)
 
 
 def snapshot_metadata(ckpt: Any, url: str, key: Any, *, done: bool) -> dict[str, Any]:

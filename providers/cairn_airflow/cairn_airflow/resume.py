@@ -23,20 +23,24 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.exceptions import ConfigError
-from cairn.policy.resume import AfterTry, ResumeOn, ResumePlan, ResumePolicy, after_try, plan_resume
+
+if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this module everywhere
+    from cairn.policy.resume import ResumeOn, ResumePlan, ResumePolicy
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RESCHEDULE_DELAY = timedelta(seconds=30)
 
 
-def resume_policy(*, resume_on: ResumeOn | str = ResumeOn.ANY_FAILURE,
+def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
                   max_error_retries: int | None = None, loop_guard: bool = True,
                   max_preemptions: int = 0) -> ResumePolicy:
     """An operator's options as a :class:`ResumePolicy` (a ConfigError names a bad one)."""
+    from cairn.policy.resume import ResumePolicy
+
     if not isinstance(loop_guard, bool):
         raise ConfigError(f"loop_guard must be True or False, got {loop_guard!r}")
     return ResumePolicy(resume_on=resume_on, max_error_retries=max_error_retries,
@@ -49,30 +53,23 @@ def plan_try(url: str, key: Any, policy: ResumePolicy) -> ResumePlan:
     be in the environment."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    from cairn.exceptions import NotFound
     from cairn.policy import History
+    from cairn.policy.resume import plan_resume
     from cairn.store import open_store
 
-    with open_store(url) as store:
-        plan = plan_resume(History.from_store(store, key), policy)
+    history = History()
+    try:
+        with open_store(url, create=False) as store:
+            history = History.from_store(store, key)
+    except NotFound:
+        pass  # no store yet: the first try creates it
+    plan = plan_resume(history, policy)
     log.info("cairn: resume plan: %s", plan.reason)
     if plan.give_up:
         raise AirflowFailException(f"cairn: {plan.reason}. Fix the step, then clear the task "
                                    "(or raise max_error_retries)")
     return plan
-
-
-def ended_as(error: BaseException | None) -> Any:
-    """The outcome kind a try that ended with ``error`` (None: success) is recorded as."""
-    from cairn.exceptions import Fenced, Preempted
-    from cairn.store.outcomes import OutcomeKind
-
-    if error is None:
-        return OutcomeKind.SUCCEEDED
-    if isinstance(error, Preempted):
-        return OutcomeKind.PREEMPTED
-    if isinstance(error, Fenced):
-        return OutcomeKind.FENCED
-    return OutcomeKind.FAILED
 
 
 def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
@@ -82,7 +79,10 @@ def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
     (``AirflowRescheduleException``); return when the error should simply fail the try."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
-    verdict = after_try(plan, policy, ended_as(error))
+    from cairn.policy.resume import AfterTry, after_try
+    from cairn.state.tries import outcome_kind
+
+    verdict = after_try(plan, policy, outcome_kind(error))
     if verdict is AfterTry.STOP:
         raise AirflowFailException(
             f"cairn: the step failed with its own error {plan.errors + 1} times, more than "

@@ -17,6 +17,7 @@ import types
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -437,6 +438,93 @@ def test_a_failed_step_stays_an_airflow_failure(tmp_path: Path, store_url: str) 
             op.cleanup(pod=pod, remote_pod=pod, context=context)
     finally:
         api.close()
+
+
+def _cleanup_after(tmp_path: Path, store_url: str, pod: k8s.V1Pod,
+                   prepare: Callable[[Any], None], **options: Any) -> None:
+    """Build this try's pod (its resume plan read from the store ``prepare`` filled), then run
+    Airflow's cleanup for ``pod`` ended as it is, against the fake API server."""
+    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
+    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
+    config = tmp_path / "fake-kubeconfig"
+    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
+    try:
+        op = make_operator(str(config), store_url, **options)
+        context = context_for(op)
+        prepare(task_key(context))
+        op.build_pod_request_obj(context)
+        op.cleanup(pod=pod, remote_pod=pod, context=context)
+    finally:
+        api.close()
+
+
+def _tries(store_url: str, key: Any, kinds: list[OutcomeKind | None], *,
+           resumed_from_first_snapshot: bool = False) -> list[int]:
+    """Earlier tries of ``key``: the first commits a snapshot; each later one (if asked)
+    resumes from it and commits nothing. Returns the snapshot seqs."""
+    import os
+
+    seqs = []
+    with open_store(store_url) as store:
+        for index, kind in enumerate(kinds):
+            attempt = store.open_attempt(key)
+            if index == 0:
+                data = os.urandom(64)
+                with attempt.snapshot() as snap:
+                    snap.add_bytes("state", data)
+                    seqs.append(snap.commit().seq)
+            if kind is not None:
+                store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=kind,
+                                                  started_at=time.time() - 60,
+                                                  ended_at=time.time() - 30))
+    return seqs
+
+
+def test_the_loop_guards_verdict_reaches_the_pod_as_excluded_seqs(kubeconfig: str,
+                                                                   store_url: str) -> None:
+    op = make_operator(kubeconfig, store_url)
+    context = context_for(op)
+    key = task_key(context)
+    # Try 1 committed a snapshot; tries 2 and 3 resumed from it and died without a record.
+    seqs = _tries(store_url, key, [OutcomeKind.PREEMPTED, None, None])
+    doc = manifest(op.build_pod_request_obj(context_for(op, try_number=4)))
+    env = {e["name"]: e.get("value") for e in container(doc, "base").get("env", [])}
+    assert env["CAIRN_EXCLUDE_SEQS"] == str(seqs[0])
+    assert "loop guard" in op.cairn_plan.resume.reason  # type: ignore[union-attr]
+    fresh = make_operator(kubeconfig, store_url, loop_guard=False)
+    doc = manifest(fresh.build_pod_request_obj(context_for(fresh, try_number=4)))
+    assert "CAIRN_EXCLUDE_SEQS" not in {e["name"] for e in container(doc, "base").get("env", [])}
+
+
+def test_a_pod_that_fails_past_max_error_retries_stops_the_retries(tmp_path: Path,
+                                                                   store_url: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    def one_error_before(key: Any) -> None:
+        _tries(store_url, key, [OutcomeKind.FAILED])
+
+    with pytest.raises(AirflowFailException, match="max_error_retries=1; not retrying"):
+        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=1, reason="Error"),
+                       one_error_before, max_error_retries=1)
+    # A step past the limit gets no pod at all.
+    op = make_operator(str(tmp_path / "unused"), store_url, max_error_retries=0)
+    with pytest.raises(AirflowFailException, match="more than max_error_retries=0"):
+        op.build_pod_request_obj(context_for(op, try_number=3))
+
+
+def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(tmp_path: Path,
+                                                                  store_url: str) -> None:
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    with pytest.raises(AirflowRescheduleException) as raised:
+        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=75, reason="Error"),
+                       lambda key: None, max_preemptions=1, retry_delay=timedelta(seconds=7))
+    assert isinstance(raised.value.__cause__, Preempted)
+    # max_preemptions spent: the next preemption is a plain (retried) Preempted.
+    with pytest.raises(Preempted):
+        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=75, reason="Error"),
+                       lambda key: _tries(store_url, key, [OutcomeKind.PREEMPTED]),
+                       max_preemptions=1)
 
 
 def test_pod_status_to_outcome_kind() -> None:

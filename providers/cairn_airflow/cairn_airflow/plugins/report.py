@@ -237,7 +237,8 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
         note = rec.body.get("note") or {}
         # Bookkeeping attempts (a discard, the operator marking a key done for a subprocess)
         # ran no work: they resumed nothing.
-        bookkeeping = note.get("purpose") == "remove" or note.get("mode") == "airflow-finish"
+        bookkeeping = (note.get("purpose") == "remove"
+                       or note.get("mode") in ("finish", "airflow-finish"))  # older stores
         resumed_from = None if bookkeeping else note.get("resumed_from")
         outcome = by_epoch.get(rec.seq)
         resumed_step = note.get("resumed_step", step_of.get(resumed_from))
