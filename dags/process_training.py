@@ -4,7 +4,9 @@
 ``cairn run``, which snapshots the whole process with CRIU every ``every`` seconds into the
 store of the ``cairn_default`` connection (without one: ``$AIRFLOW_HOME/cairn-store``). Kill
 the task mid-run: the retry restores the process from its last snapshot and it carries on,
-without knowing. Needs root and CRIU 4.x on the worker (``cairn doctor``).
+without knowing. A SIGTERM (a node shutting down, a spot reclaim reaching the task) gets a
+final snapshot, and the task is rescheduled without consuming one of its retries, up to
+``max_preemptions`` times. Needs root and CRIU 4.x on the worker (``cairn doctor``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def cairn_process_training() -> None:
         grace=4,
         retries=3,
         retry_delay=timedelta(seconds=2),
+        max_preemptions=3,  # spot-style: a preemption with a final snapshot is not a failure
     )
 
 

@@ -221,3 +221,40 @@ def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
     assert len(meta["epochs"]) >= 2
     log = stack.task_log(dag_id, run_id, "train", 2)
     assert "done: 2500 steps" in log, log[-2000:]
+
+
+@needs_criu
+def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retry(
+        stack: AirflowStack, tmp_path: Path) -> None:
+    """SIGTERM to the task's process (as a node shutdown sends it): on_kill asks cairn run for
+    a final snapshot, which fits the grace budget; cairn run exits 75 and, with
+    max_preemptions=3, the task is rescheduled with the same try number and the process
+    restored exactly where the final snapshot froze it."""
+    dag_id, steps = "cairn_process_training", 2500
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": "1h",
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
+                   what="300 steps", timeout=300)
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert _snapshots(stack.store, key) == []  # every=1h: only the final snapshot will exist
+    os.kill(ti["pid"], signal.SIGTERM)
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+
+    outcomes = _outcomes(stack.store, key)
+    assert [o.outcome.value for o in outcomes] == ["preempted", "succeeded"], \
+        [(o.epoch, o.outcome.value, dict(o.detail)) for o in outcomes]
+    preempted, succeeded = outcomes
+    assert preempted.detail["signal"] == "SIGTERM" and preempted.detail["exit_code"] == 75
+    final = preempted.progress.snapshot_seq
+    assert final is not None and succeeded.detail["resumed_from_seq"] == final
+    rows = read_progress(progress)
+    index, reached = resume_point(rows, min_gap_s=RETRY_DELAY_S)
+    assert rows[index][1] == reached + 1, "the restored process redid or skipped steps"
+    assert [r[1] for r in rows] == list(range(steps))
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["try_number"] == 1, "the preemption consumed a retry"
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert meta["exit_code"] == 0 and meta["try_number"] == 1
+    assert f"resuming from seq {final}" in meta["resume_plan"]
