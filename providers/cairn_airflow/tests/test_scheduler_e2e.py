@@ -258,3 +258,38 @@ def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retr
     meta = stack.xcom(dag_id, run_id, "train", "cairn")
     assert meta["exit_code"] == 0 and meta["try_number"] == 1
     assert f"resuming from seq {final}" in meta["resume_plan"]
+
+
+@needs_criu
+def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
+        stack: AirflowStack, tmp_path: Path) -> None:
+    """The UI's "mark failed" on a process-mode task: SIGTERM to the task's group (cairn run
+    is in a session of its own, so only on_kill reaches it), SIGKILL 5 s later. The final
+    snapshot fits the 4 s grace; the task stays failed (a reschedule is refused for a task
+    marked failed) and "clear" restores the process right after the snapshot."""
+    dag_id, steps = "cairn_process_training", 2500
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": "1h",
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
+                   what="300 steps", timeout=300)
+    pid = stack.task_instance(dag_id, run_id, "train")["pid"]
+    stack.mark_failed(dag_id, run_id, "train")
+    stack.wait_for(lambda: _gone(pid), what="the task's process to end", timeout=60)
+    stack.wait_for(lambda: len(_outcomes(stack.store, key)) == 1,
+                   what="cairn run's outcome record", timeout=60)
+    (preempted,) = _outcomes(stack.store, key)
+    assert preempted.outcome.value == "preempted" and preempted.detail["exit_code"] == 75
+    assert stack.task_instance(dag_id, run_id, "train")["state"] == "failed"
+    stopped_at = read_progress(progress)[-1][1]
+
+    stack.clear(dag_id, run_id, "train")
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+    rows = read_progress(progress)
+    assert [r[1] for r in rows] == list(range(steps)), "steps were redone or skipped"
+    index, reached = resume_point(rows, min_gap_s=RETRY_DELAY_S)
+    assert reached == stopped_at and rows[index][1] == stopped_at + 1
+    outcomes = _outcomes(stack.store, key)
+    assert [o.outcome.value for o in outcomes] == ["preempted", "succeeded"]
+    assert outcomes[1].detail["resumed_from_seq"] == preempted.progress.snapshot_seq
