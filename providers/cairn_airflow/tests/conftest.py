@@ -119,3 +119,38 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- Kubernetes: no API server runs here --------------------------------------------------------
+
+_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{{name: none, cluster: {{server: "{server}"}}}}]
+users: [{{name: none, user: {{token: unused}}}}]
+contexts: [{{name: none, context: {{cluster: none, user: none}}}}]
+current-context: none
+"""
+NO_SERVER = "https://127.0.0.1:9"  # nothing listens: building a pod must not need the API
+
+
+@pytest.fixture()
+def kubeconfig_for(tmp_path: Path) -> Any:
+    """``kubeconfig_for(url)``: the path of a kubeconfig naming the API server at ``url`` (a
+    fake one a test started, or :data:`NO_SERVER`)."""
+    def write(server: str) -> str:
+        path = tmp_path / f"kubeconfig-{abs(hash(server))}"
+        path.write_text(_KUBECONFIG.format(server=server))
+        return str(path)
+
+    return write
+
+
+@pytest.fixture()
+def kubeconfig(kubeconfig_for: Any) -> str:
+    return kubeconfig_for(NO_SERVER)
+
+
+@pytest.fixture()
+def store_url(tmp_path: Path) -> str:
+    return str(tmp_path / "store")

@@ -37,28 +37,8 @@ from cairn_airflow.kubernetes import CairnKubernetesPodOperator
 from cairn_airflow.kubernetes_decorator import function_source
 from cairn_airflow.operators import task_key
 
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: none, user: {token: unused}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-"""
 SIDECAR = "repo/cairn-sidecar:0.1.0"
 RUN_ID = "manual__2026-11-29T00:00:00+00:00"
-
-
-@pytest.fixture()
-def kubeconfig(tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return str(path)
-
-
-@pytest.fixture()
-def store_url(tmp_path: Path) -> str:
-    return str(tmp_path / "store")
 
 
 def pod_options(kubeconfig: str, store_url: str, **more: Any) -> dict[str, Any]:

@@ -48,14 +48,6 @@ SPOT = CapacityOption.gke_spot("l4-spot", price_per_hour=0.35, priority_class="c
 ON_DEMAND = CapacityOption("l4-on-demand", price_per_hour=1.05,
                            node_selector={"cloud.google.com/gke-provisioning": "standard"},
                            priority_class="cairn-on-demand")
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: none, user: {token: unused}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-"""
 
 
 class FakeTaskStateStore:
@@ -69,18 +61,6 @@ class FakeTaskStateStore:
 
     def set(self, key: str, value: Any, *, retention: Any = None) -> None:
         self.values[key] = value
-
-
-@pytest.fixture()
-def kubeconfig(tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return str(path)
-
-
-@pytest.fixture()
-def store_url(tmp_path: Path) -> str:
-    return str(tmp_path / "store")
 
 
 def make_operator(kubeconfig: str, store_url: str, **kwargs: Any) -> CairnKubernetesPodOperator:
@@ -384,34 +364,48 @@ class FakeKubernetesApi:
         self.server.server_close()
 
 
-def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(tmp_path: Path,
+def cleanup_after(kubeconfig_for: Callable[[str], str], store_url: str, pod: k8s.V1Pod, *,
+                  prepare: Callable[[Any], None] = lambda key: None,
+                  seen: list[tuple[str, str]] | None = None, **options: Any) -> None:
+    """Build this try's pod (its plan reads the store ``prepare(key)`` filled), then run
+    Airflow's cleanup for ``pod`` ended as it is, against a fake API server serving it; the
+    API requests made go to ``seen``. Raises what the cleanup raised."""
+    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
+    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
+    try:
+        op = make_operator(kubeconfig_for(api.url), store_url, **options)
+        context = context_for(op)
+        prepare(task_key(context))
+        op.build_pod_request_obj(context)
+        op.cleanup(pod=pod, remote_pod=pod, context=context)
+    finally:
+        api.close()
+        if seen is not None:
+            seen.extend(api.requests)
+
+
+def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(kubeconfig_for: Any,
                                                                   store_url: str) -> None:
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timezone
 
     pod = ended_pod(exit_code=137, reason="Error", disruption=True)
-    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
     pod.status.start_time = datetime.now(timezone.utc) - timedelta(seconds=5)
-    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
-    config = tmp_path / "fake-kubeconfig"
-    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
-    try:
-        op = make_operator(str(config), store_url, placement=[SPOT, ON_DEMAND])
-        context = context_for(op)
-        op.build_pod_request_obj(context)
-        key = task_key(context)
+    attempts: dict[str, Any] = {}
+
+    def earlier_try_then_this_pods(key: Any) -> None:
+        attempts["key"] = key
         with open_store(store_url) as store:
             old = store.open_attempt(key)      # an earlier try, before this pod started
             store.record_outcome(key, Outcome(epoch=old.epoch, outcome=OutcomeKind.PREEMPTED,
                                               started_at=time.time() - 60,
                                               ended_at=time.time() - 30, option=SPOT.name))
-            mine = store.open_attempt(key)     # what `cairn run` opened in this pod
+            attempts["mine"] = store.open_attempt(key)  # what `cairn run` opens in this pod
 
-        with pytest.raises(Preempted) as raised:
-            op.cleanup(pod=pod, remote_pod=pod, context=context)
-        assert "returned a failure" in str(raised.value.__cause__)  # Airflow's verdict, mapped
-        assert ("DELETE", "/api/v1/namespaces/training/pods/train-abc") in api.requests
-    finally:
-        api.close()
+    with pytest.raises(Preempted) as raised:
+        cleanup_after(kubeconfig_for, store_url, pod, prepare=earlier_try_then_this_pods,
+                      placement=[SPOT, ON_DEMAND])
+    assert "returned a failure" in str(raised.value.__cause__)  # Airflow's verdict, mapped
+    key, mine = attempts["key"], attempts["mine"]
     with open_store(store_url) as store:
         outcomes = {o.epoch: o for o in store.outcomes(key)}
         assert outcomes[mine.epoch].outcome is OutcomeKind.PREEMPTED
@@ -422,40 +416,15 @@ def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(tmp_path: Path
         assert record_pod_outcome(store, key, pod, "base") is None
 
 
-def test_a_failed_step_stays_an_airflow_failure(tmp_path: Path, store_url: str) -> None:
+def test_a_failed_pod_is_deleted_and_stays_an_airflow_failure(kubeconfig_for: Any,
+                                                               store_url: str) -> None:
     from airflow.providers.common.compat.sdk import AirflowException
 
-    pod = ended_pod(exit_code=1, reason="Error")
-    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
-    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
-    config = tmp_path / "fake-kubeconfig"
-    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
-    try:
-        op = make_operator(str(config), store_url)
-        context = context_for(op)
-        op.build_pod_request_obj(context)
-        with pytest.raises(AirflowException, match="returned a failure"):
-            op.cleanup(pod=pod, remote_pod=pod, context=context)
-    finally:
-        api.close()
-
-
-def _cleanup_after(tmp_path: Path, store_url: str, pod: k8s.V1Pod,
-                   prepare: Callable[[Any], None], **options: Any) -> None:
-    """Build this try's pod (its resume plan read from the store ``prepare`` filled), then run
-    Airflow's cleanup for ``pod`` ended as it is, against the fake API server."""
-    pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
-    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
-    config = tmp_path / "fake-kubeconfig"
-    config.write_text(KUBECONFIG.replace("https://127.0.0.1:9", api.url))
-    try:
-        op = make_operator(str(config), store_url, **options)
-        context = context_for(op)
-        prepare(task_key(context))
-        op.build_pod_request_obj(context)
-        op.cleanup(pod=pod, remote_pod=pod, context=context)
-    finally:
-        api.close()
+    seen: list[tuple[str, str]] = []
+    with pytest.raises(AirflowException, match="returned a failure"):
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=1, reason="Error"),
+                      seen=seen)
+    assert ("DELETE", "/api/v1/namespaces/training/pods/train-abc") in seen
 
 
 def _tries(store_url: str, key: Any, kinds: list[OutcomeKind | None], *,
@@ -496,35 +465,35 @@ def test_the_loop_guards_verdict_reaches_the_pod_as_excluded_seqs(kubeconfig: st
     assert "CAIRN_EXCLUDE_SEQS" not in {e["name"] for e in container(doc, "base").get("env", [])}
 
 
-def test_a_pod_that_fails_past_max_error_retries_stops_the_retries(tmp_path: Path,
-                                                                   store_url: str) -> None:
+def test_a_pod_that_fails_past_max_error_retries_stops_the_retries(
+        kubeconfig_for: Any, kubeconfig: str, store_url: str) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
     def one_error_before(key: Any) -> None:
         _tries(store_url, key, [OutcomeKind.FAILED])
 
     with pytest.raises(AirflowFailException, match="max_error_retries=1; not retrying"):
-        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=1, reason="Error"),
-                       one_error_before, max_error_retries=1)
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=1, reason="Error"),
+                      prepare=one_error_before, max_error_retries=1)
     # A step past the limit gets no pod at all.
-    op = make_operator(str(tmp_path / "unused"), store_url, max_error_retries=0)
+    op = make_operator(kubeconfig, store_url, max_error_retries=0)
     with pytest.raises(AirflowFailException, match="more than max_error_retries=0"):
         op.build_pod_request_obj(context_for(op, try_number=3))
 
 
-def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(tmp_path: Path,
+def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(kubeconfig_for: Any,
                                                                   store_url: str) -> None:
     from airflow.sdk.exceptions import AirflowRescheduleException
 
     with pytest.raises(AirflowRescheduleException) as raised:
-        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=75, reason="Error"),
-                       lambda key: None, max_preemptions=1, retry_delay=timedelta(seconds=7))
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=75, reason="Error"),
+                      max_preemptions=1, retry_delay=timedelta(seconds=7))
     assert isinstance(raised.value.__cause__, Preempted)
     # max_preemptions spent: the next preemption is a plain (retried) Preempted.
     with pytest.raises(Preempted):
-        _cleanup_after(tmp_path, store_url, ended_pod(exit_code=75, reason="Error"),
-                       lambda key: _tries(store_url, key, [OutcomeKind.PREEMPTED]),
-                       max_preemptions=1)
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=75, reason="Error"),
+                      prepare=lambda key: _tries(store_url, key, [OutcomeKind.PREEMPTED]),
+                      max_preemptions=1)
 
 
 def test_pod_status_to_outcome_kind() -> None:

@@ -223,6 +223,18 @@ def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
     assert "done: 2500 steps" in log, log[-2000:]
 
 
+def _process_training_past_300_steps(stack: AirflowStack, progress: Path,
+                                     steps: int) -> tuple[str, tuple[str, ...]]:
+    """Trigger the process-training DAG with no periodic snapshot (every 1 h) and wait until
+    its script has trained 300 steps; returns the run id and the task's key."""
+    dag_id = "cairn_process_training"
+    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": "1h",
+                                    "progress_log": str(progress)})
+    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
+                   what="300 steps", timeout=300)
+    return run_id, (dag_id, "train", run_id, "-1")
+
+
 @needs_criu
 def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retry(
         stack: AirflowStack, tmp_path: Path) -> None:
@@ -232,11 +244,7 @@ def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retr
     restored exactly where the final snapshot froze it."""
     dag_id, steps = "cairn_process_training", 2500
     progress = tmp_path / "progress.log"
-    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": "1h",
-                                    "progress_log": str(progress)})
-    key = (dag_id, "train", run_id, "-1")
-    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
-                   what="300 steps", timeout=300)
+    run_id, key = _process_training_past_300_steps(stack, progress, steps)
     ti = stack.task_instance(dag_id, run_id, "train")
     assert _snapshots(stack.store, key) == []  # every=1h: only the final snapshot will exist
     os.kill(ti["pid"], signal.SIGTERM)
@@ -269,11 +277,7 @@ def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
     marked failed) and "clear" restores the process right after the snapshot."""
     dag_id, steps = "cairn_process_training", 2500
     progress = tmp_path / "progress.log"
-    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": "1h",
-                                    "progress_log": str(progress)})
-    key = (dag_id, "train", run_id, "-1")
-    stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
-                   what="300 steps", timeout=300)
+    run_id, key = _process_training_past_300_steps(stack, progress, steps)
     pid = stack.task_instance(dag_id, run_id, "train")["pid"]
     stack.mark_failed(dag_id, run_id, "train")
     stack.wait_for(lambda: _gone(pid), what="the task's process to end", timeout=60)
