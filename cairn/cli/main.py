@@ -316,7 +316,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- run --------------------------------------------------------------------------------------
 
 RUN_EPILOG = """exit codes of cairn run: the command's own when it ends by itself (128+N when a
-signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed; 76
+signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed (with
+--spool: or handed to the sidecar, still uploading when the budget ran out); 76
 preempted and no final snapshot (it would not fit --grace, or it failed; the previous one is
 kept); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
 store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight).
@@ -339,7 +340,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_success=OnSuccess.KEEP if args.keep else OnSuccess.DROP,
             preflight=not args.no_preflight, echo=not args.no_echo,
             notice_file=args.notice_file or None, status_file=args.status_file or None,
-            exclude_seqs=parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"))
+            exclude_seqs=parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
+            spool_dir=None if args.no_spool else (args.spool or None),
+            spool_wait_s=parse_duration(args.spool_wait) if args.spool_wait not in ("0", "0s")
+            else 0.0)
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -437,6 +441,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status-file", default=os.environ.get("CAIRN_STATUS_FILE"), metavar="PATH",
                    help="write snapshot counters here after each snapshot, for `cairn sidecar`'s "
                         "metrics (default $CAIRN_STATUS_FILE)")
+    p.add_argument("--spool", default=os.environ.get("CAIRN_SPOOL_DIR"), metavar="DIR",
+                   help="hand each dump to `cairn sidecar --upload` through DIR on a shared "
+                        "volume instead of writing the store: a snapshot then costs only the "
+                        "dump (default $CAIRN_SPOOL_DIR)")
+    p.add_argument("--no-spool", action="store_true",
+                   help="write the store from this process even if $CAIRN_SPOOL_DIR is set")
+    p.add_argument("--spool-wait", default="60s", metavar="DURATION",
+                   help="at start, how long to wait for the sidecar to upload what an earlier "
+                        "run spooled (default 60s; 0 not at all)")
     p.add_argument("--exclude-seqs", default=os.environ.get("CAIRN_EXCLUDE_SEQS"),
                    metavar="SEQ,...",
                    help="snapshots never to restore, e.g. 12,15 (a resume policy's loop guard; "

@@ -128,6 +128,7 @@ class Status:
     frozen_seconds: float = 0.0
     stall_seconds: float = 0.0  # dump wall time: what a snapshot costs the workload end to end
     bytes_written: int = 0
+    spooled: int = 0  # dumps handed to the sidecar's uploader (cairn run --spool)
     last_seq: int | None = None
     last_success_at: float | None = None
     last_error: str | None = None

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cairn.k8s.channel import Status
+
+if TYPE_CHECKING:
+    from cairn.k8s.uploader import UploadStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -42,8 +46,10 @@ class _Writer:
 
 
 def render(status: Status | None, *, notices_sent: Mapping[str, int],
-           watchers_healthy: Mapping[str, bool], now: float | None = None) -> str:
-    """The ``/metrics`` page. ``status`` None: the supervisor has not reported yet."""
+           watchers_healthy: Mapping[str, bool], now: float | None = None,
+           uploads: UploadStats | None = None) -> str:
+    """The ``/metrics`` page. ``status`` None: the supervisor has not reported yet;
+    ``uploads`` None: this sidecar does not upload (``--upload`` not given)."""
     w = _Writer()
     now = time.time() if now is None else now
     w.family("cairn_supervisor_reporting", "gauge",
@@ -55,6 +61,8 @@ def render(status: Status | None, *, notices_sent: Mapping[str, int],
     w.family("cairn_sidecar_watcher_healthy", "gauge",
              "1 when the watcher's last poll reached its source.",
              [({"watcher": n}, int(ok)) for n, ok in sorted(watchers_healthy.items())])
+    if uploads is not None:
+        _uploads(w, uploads)
     if status is not None:
         w.family("cairn_snapshots_total", "counter", "Snapshots committed.",
                  [({}, status.snapshots)])
@@ -67,6 +75,9 @@ def render(status: Status | None, *, notices_sent: Mapping[str, int],
                  [({}, status.stall_seconds)])
         w.family("cairn_snapshot_bytes_written_total", "counter",
                  "Bytes written to the store after deduplication.", [({}, status.bytes_written)])
+        w.family("cairn_snapshots_spooled_total", "counter",
+                 "Dumps handed to the sidecar's uploader through the spool.",
+                 [({}, status.spooled)])
         w.family("cairn_last_snapshot_success_timestamp_seconds", "gauge",
                  "Unix time of the last committed snapshot (0: none yet).",
                  [({}, status.last_success_at or 0)])
@@ -90,3 +101,31 @@ def render(status: Status | None, *, notices_sent: Mapping[str, int],
                  "Seconds since the supervisor last wrote its status.",
                  [({}, max(0.0, round(now - status.updated_at, 3)))])
     return "\n".join(w.lines) + "\n"
+
+
+def _uploads(w: _Writer, u: UploadStats) -> None:
+    w.family("cairn_sidecar_uploads_total", "counter",
+             "Spooled snapshots this sidecar committed to the store.", [({}, u.committed)])
+    w.family("cairn_sidecar_upload_failures_total", "counter",
+             "Upload tries that failed (the entry is kept and retried).", [({}, u.failures)])
+    w.family("cairn_sidecar_uploads_dropped_total", "counter",
+             "Spooled snapshots never committed, by reason (fenced and invalid are errors).",
+             [({"reason": r}, n) for r, n in sorted(u.dropped.items())])
+    w.family("cairn_sidecar_upload_bytes_written_total", "counter",
+             "Bytes the uploads wrote to the store after deduplication.",
+             [({}, u.bytes_written)])
+    w.family("cairn_sidecar_upload_seconds_total", "counter",
+             "Wall time of the committed uploads.", [({}, u.seconds)])
+    w.family("cairn_sidecar_spool_pending", "gauge",
+             "Complete spool entries waiting to be uploaded.", [({}, u.pending)])
+    w.family("cairn_sidecar_last_upload_seq", "gauge",
+             "Seq of the last snapshot this sidecar committed (-1: none).",
+             [({}, -1 if u.last_seq is None else u.last_seq)])
+    w.family("cairn_sidecar_last_upload_success_timestamp_seconds", "gauge",
+             "Unix time of the last committed upload (0: none).",
+             [({}, u.last_success_at or 0)])
+    w.family("cairn_sidecar_last_upload_error_timestamp_seconds", "gauge",
+             "Unix time of the last upload error (0: none).", [({}, u.last_error_at or 0)])
+    w.family("cairn_sidecar_last_upload_error_info", "gauge",
+             "The last upload error, as a label.",
+             [({"error": u.last_error}, 1)] if u.last_error else [])

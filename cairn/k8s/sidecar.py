@@ -5,6 +5,10 @@ label, its own SIGTERM), hands them to the supervisor in the main container thro
 file on the shared volume (:mod:`cairn.k8s.channel`), and serves ``/readyz`` and ``/metrics``
 from the status file the supervisor writes there. The supervisor decides, by its measured
 snapshot cost and the notice's deadline, whether a final snapshot fits.
+
+With ``--upload`` it also commits the dumps the supervisor spools on that volume
+(:mod:`cairn.k8s.uploader`), and on SIGTERM keeps uploading until the spool is empty or its
+window (``--sigterm-window``) runs out.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.k8s import channel, metrics
+from cairn.k8s.uploader import Uploader, UploadSettings
 from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
 
 log = logging.getLogger("cairn.sidecar")
@@ -32,6 +37,7 @@ class SidecarSettings:
     metadata: MetadataSettings | None = MetadataSettings()  # None: not on GCE
     node: NodeSettings | None = None  # None: the maintenance label is not watched
     sigterm_window_s: float = 30.0  # the deadline a SIGTERM notice carries (the pod's grace)
+    upload: UploadSettings | None = None  # None: the supervisor writes to the store itself
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.shared_dir):
@@ -64,6 +70,7 @@ class Sidecar:
         if settings.node is not None:
             self.watchers.append(NodeLabelWatcher(settings.node, self.notify))
         self._server: http.server.ThreadingHTTPServer | None = None
+        self.uploader = Uploader(settings.upload) if settings.upload is not None else None
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -110,7 +117,8 @@ class Sidecar:
             log.warning("%s", e)
             status = None
         return metrics.render(status, notices_sent=dict(self.notices_sent),
-                              watchers_healthy={w.name: w.healthy for w in self.watchers})
+                              watchers_healthy={w.name: w.healthy for w in self.watchers},
+                              uploads=None if self.uploader is None else self.uploader.stats)
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         sidecar = self
@@ -154,6 +162,8 @@ class Sidecar:
                          daemon=True).start()
         for watcher in self.watchers:
             watcher.start()
+        if self.uploader is not None:
+            self.uploader.start()
         log.warning("watching %s; metrics on port %d; shared %s",
                     ", ".join(w.name for w in self.watchers) or "SIGTERM only", self.port,
                     self.settings.shared_dir)
@@ -166,10 +176,17 @@ class Sidecar:
         while not self._stopped.wait(1.0):
             pass
 
+    def drain(self) -> None:
+        """After SIGTERM: upload what is spooled while the window lasts (metrics stay up)."""
+        if self.uploader is not None:
+            self.uploader.drain(max(0.0, self.settings.sigterm_window_s - 1.0))
+
     def stop(self) -> None:
         self._stopped.set()
         for watcher in self.watchers:
             watcher.stop()
+        if self.uploader is not None:
+            self.uploader.stop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -182,6 +199,7 @@ def run(settings: SidecarSettings) -> int:
     sidecar.start()
     try:
         sidecar.wait()
+        sidecar.drain()
     finally:
         sidecar.stop()
     log.warning("stopped")

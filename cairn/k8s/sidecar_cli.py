@@ -10,9 +10,11 @@ from typing import Any
 from cairn.exceptions import ConfigError
 
 EPILOG = """The sidecar never checkpoints: it tells the supervisor (`cairn run --notice-file`)
-through DIR/notice.json and serves DIR/status.json as metrics. --watch-node-label needs a service
-account bound to a ClusterRole with get on nodes, and NODE_NAME from the downward API
-(docs/kubernetes.md). Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad usage."""
+through DIR/notice.json and serves DIR/status.json as metrics. With --upload it commits the dumps
+`cairn run --spool DIR/spool` hands it, and on SIGTERM keeps uploading until the spool is empty
+or --sigterm-window runs out. --watch-node-label needs a service account bound to a ClusterRole
+with get on nodes, and NODE_NAME from the downward API (docs/kubernetes.md). Exit codes: 0
+stopped by SIGTERM/SIGINT, 2 bad usage."""
 
 
 def add_sidecar_parser(sub: Any) -> None:
@@ -43,12 +45,21 @@ def add_sidecar_parser(sub: Any) -> None:
                    help="notify this long before the labelled maintenance time (default 10m)")
     p.add_argument("--sigterm-window", default="30s", metavar="DURATION",
                    help="deadline a notice from this container's SIGTERM carries (default 30s)")
+    p.add_argument("--upload", action="store_true",
+                   help="commit the snapshots `cairn run --spool` hands over (process mode)")
+    p.add_argument("--spool", default=None, metavar="DIR",
+                   help="the spool to upload from (default SHARED/spool)")
+    p.add_argument("--store", dest="upload_store", default=None, metavar="URL",
+                   help="the store to upload to (default: the one each spooled ticket names)")
+    p.add_argument("--key", dest="upload_key", default=None, metavar="KEY",
+                   help="refuse spooled snapshots of any other key")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.set_defaults(func=cmd_sidecar, store=None)
 
 
 def _settings(args: argparse.Namespace) -> Any:
     from cairn.k8s.sidecar import SidecarSettings
+    from cairn.k8s.uploader import UploadSettings
     from cairn.k8s.watchers import MetadataSettings, NodeSettings, metadata_url_from_env
     from cairn.process.supervisor import parse_duration
 
@@ -67,9 +78,15 @@ def _settings(args: argparse.Namespace) -> Any:
                                 api_url=args.kube_api, **extra)
         else:
             node = NodeSettings.in_cluster(node_name=args.node_name, **extra)
+    upload = None
+    if args.upload:
+        upload = UploadSettings(spool_dir=args.spool or os.path.join(args.shared, "spool"),
+                                store=args.upload_store, key=args.upload_key)
+    elif args.spool or args.upload_store or args.upload_key:
+        raise ConfigError("--spool, --store and --key go with --upload")
     return SidecarSettings(shared_dir=args.shared, port=args.port, host=args.host,
                            metadata=metadata, node=node,
-                           sigterm_window_s=parse_duration(args.sigterm_window))
+                           sigterm_window_s=parse_duration(args.sigterm_window), upload=upload)
 
 
 def cmd_sidecar(args: argparse.Namespace) -> int:

@@ -7,10 +7,14 @@ is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.
 * the main container runs under ``cairn run`` (process mode), or gets ``CAIRN_STORE``,
   ``CAIRN_KEY`` and ``CAIRN_NOTICE_FILE`` for ``Checkpointer.from_env()`` (state mode);
 * a native sidecar (an ``initContainers`` entry with ``restartPolicy: Always``) runs
-  ``cairn sidecar``: notices and metrics, small requests, non-root, no checkpointing;
+  ``cairn sidecar``: notices and metrics, small requests, non-root, no checkpointing; in
+  process mode it also uploads (``--upload``): ``cairn run`` hands each dump to it through the
+  spool on the shared volume (``CAIRN_SPOOL_DIR``, ADR 0014), and it gets the store's
+  credentials settings from the main container;
 * one shared ``emptyDir`` carries the notice and status files and, in process mode, CRIU's
-  staging; memory-backed, its size is added to the main container's memory request and limit,
-  and so is the GPU memory the CUDA driver copies into host RAM before a dump;
+  staging and the spool (one dump at a time); memory-backed, its size is added to the main
+  container's memory request and limit, and so is the GPU memory the CUDA driver copies into
+  host RAM before a dump;
 * ``terminationGracePeriodSeconds`` covers the measured final-snapshot cost plus a margin;
 * process mode gets the security settings measured in ADR 0008; state mode needs none;
 * optionally a node affinity that keeps the pod off nodes with scheduled maintenance.
@@ -51,6 +55,14 @@ PROCESS_CAPABILITIES = ("SYS_ADMIN", "SYS_TIME", "NET_ADMIN", "SYS_PTRACE")
 PROCESS_DEFAULT_CAPABILITIES = ("SETPCAP", "SYS_CHROOT")
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 GPU_RESOURCE = "nvidia.com/gpu"
+SPOOL_PATH = f"{SHARED_PATH}/spool"
+# What the store client reads from the environment (cairn.store.gcs and google-auth); the
+# uploading sidecar gets the main container's values. Workload Identity needs none of them.
+STORE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST")
+SIDECAR_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+# Uploading hashes and sends every dump (cairn.k8s.uploader keeps two 16 MiB packs in flight).
+UPLOADER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
+                      "limits": {"memory": "512Mi"}}
 
 
 class PodMode(str, enum.Enum):
@@ -69,6 +81,10 @@ class Staging(str, enum.Enum):
 
 class GraceWarning(UserWarning):
     """The final snapshot needs more time than the platform gives a preempted pod."""
+
+
+class StoreAccessWarning(UserWarning):
+    """The uploading sidecar cannot reach the store the way the main container can."""
 
 
 def _coerce(enum_type: type[enum.Enum], value: object, what: str) -> Any:
@@ -207,7 +223,8 @@ def _avoid_maintenance(spec: dict[str, Any]) -> None:
 
 
 def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
-             on_gce: bool, watch_node_label: bool, image_pull_policy: str | None) -> dict[str, Any]:
+             on_gce: bool, watch_node_label: bool, image_pull_policy: str | None,
+             upload_to: tuple[str, str] | None = None) -> dict[str, Any]:
     args = ["sidecar", "--shared", SHARED_PATH, "--port", str(port),
             "--sigterm-window", f"{grace_s}s",
             "--preemption-window", f"{preemption_window_s:g}s"]
@@ -215,6 +232,9 @@ def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
         args.append("--no-metadata")
     if watch_node_label:
         args.append("--watch-node-label")
+    if upload_to is not None:
+        args += ["--upload", "--spool", SPOOL_PATH, "--store", upload_to[0],
+                 "--key", upload_to[1]]
     container: dict[str, Any] = {
         "name": SIDECAR_NAME,
         "image": image,
@@ -224,8 +244,7 @@ def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
         "ports": [{"name": "cairn-metrics", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": port},
                            "periodSeconds": 10, "failureThreshold": 3},
-        "resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
-                      "limits": {"memory": "128Mi"}},
+        "resources": copy.deepcopy(UPLOADER_RESOURCES if upload_to else SIDECAR_RESOURCES),
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": SIDECAR_UID, "runAsGroup": SIDECAR_UID,
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -239,6 +258,52 @@ def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
         container["env"] = [{"name": "NODE_NAME",
                              "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     return container
+
+
+def _mount_for(container: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The container's volume mount that holds ``path`` (the deepest one)."""
+    best = None
+    for m in container.get("volumeMounts") or []:
+        root = str(m.get("mountPath", "")).rstrip("/")
+        if path == root or path.startswith(root + "/"):
+            if best is None or len(root) > len(str(best["mountPath"]).rstrip("/")):
+                best = m
+    return best
+
+
+def _uploader_access(main: dict[str, Any], sidecar: dict[str, Any], store: str) -> None:
+    """Give the uploading sidecar what the main container uses to reach the store: the
+    credentials settings in its environment (and the volume a key file is on), or for a store
+    on a mounted volume, that volume at the same path."""
+    wanted = [dict(e) for e in main.get("env") or [] if e.get("name") in STORE_ENV]
+    mounts: list[dict[str, Any]] = []
+    for e in wanted:
+        if e["name"] == "GOOGLE_APPLICATION_CREDENTIALS" and isinstance(e.get("value"), str):
+            mount = _mount_for(main, e["value"])
+            if mount is None:
+                raise ConfigError(
+                    f"GOOGLE_APPLICATION_CREDENTIALS={e['value']} is not on a volume container "
+                    f"{main.get('name')!r} mounts, so the uploading sidecar cannot read it: "
+                    "mount the key from a Secret volume, or use Workload Identity (no key file)")
+            mounts.append({**mount, "readOnly": True})
+    if "://" not in store or store.startswith("file://"):
+        path = store[len("file://"):] if store.startswith("file://") else store
+        mount = _mount_for(main, path)
+        if mount is None:
+            warnings.warn(StoreAccessWarning(
+                f"store {store!r} is not on a volume container {main.get('name')!r} mounts: "
+                "the uploading sidecar would write it into its own filesystem, which dies with "
+                "the pod. Mount a persistent volume there (the sidecar gets it too), or use "
+                "gs://"), stacklevel=3)
+        else:
+            mounts.append(dict(mount))
+    if wanted:
+        sidecar["env"] = list(sidecar.get("env") or []) + wanted
+    taken = {m["mountPath"] for m in sidecar["volumeMounts"]}
+    for mount in mounts:
+        if mount["mountPath"] not in taken:
+            sidecar["volumeMounts"].append(mount)
+            taken.add(mount["mountPath"])
 
 
 def _check_store(store: str) -> str:
@@ -301,7 +366,10 @@ def with_snapshot_sidecar(
     ``nvidia.com/gpu``). State mode: ``state_bytes`` adds the Checkpointer's staging buffer
     (1.125 × the state, ADR 0006) to the memory. ``watch_node_label`` needs a service account
     bound to
-    :func:`node_reader_rbac`. Raises :class:`ConfigError` naming the fix for bad input.
+    :func:`node_reader_rbac`. In process mode the sidecar uploads what ``cairn run`` spools
+    (ADR 0014) and gets the main container's store settings (``STORE_ENV``, the volume of a key
+    file or of a path store; a :class:`StoreAccessWarning` when a path store is on no volume).
+    Raises :class:`ConfigError` naming the fix for bad input.
     """
     mode = _coerce(PodMode, mode, "mode")
     staging = _coerce(Staging, staging, "staging")
@@ -417,16 +485,22 @@ def with_snapshot_sidecar(
                            "--notice-file", notice_file, "--status-file", status_file,
                            "--", *argv]
         main.pop("args", None)
+        # The sidecar uploads: `cairn run` only dumps into the spool (ADR 0014).
+        _merge_env(main, {"CAIRN_SPOOL_DIR": SPOOL_PATH})
         _process_security(spec, main, metadata)
     else:
         _merge_env(main, {"CAIRN_STORE": store, "CAIRN_KEY": key,
                           "CAIRN_NOTICE_FILE": notice_file})
 
     window = grace if cap_s is None else min(float(grace), cap_s)
-    spec.setdefault("initContainers", []).insert(0, _sidecar(
+    sidecar = _sidecar(
         image=sidecar_image.strip(), port=metrics_port, grace_s=grace,
         preemption_window_s=window, on_gce=on_gce, watch_node_label=watch_node_label,
-        image_pull_policy=image_pull_policy))
+        image_pull_policy=image_pull_policy,
+        upload_to=(store, key) if mode is PodMode.PROCESS else None)
+    if mode is PodMode.PROCESS:
+        _uploader_access(main, sidecar, store)
+    spec.setdefault("initContainers", []).insert(0, sidecar)
     if avoid_maintenance:
         _avoid_maintenance(spec)
     return _to_v1pod(manifest) if was_v1pod else manifest

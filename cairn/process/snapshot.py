@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,8 +75,23 @@ def ingest(attempt: Any, image_dir: str, *, tracked_paths: list[str],
 
     Durable when it returns. A tracked file is read up to its dumped size even if it grew
     since (the workload may be running again)."""
-    stats = read_dump_stats(image_dir)
     tracked = tracked_sizes(read_reg_files(image_dir), tracked_paths)
+    return commit_dump(attempt, image_dir, tracked=tracked,
+                       sources=[t.path for t in tracked], compat=compat, info=info)
+
+
+def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
+                sources: Sequence[str], compat: Mapping[str, Any], info: Mapping[str, Any],
+                before_commit: Callable[[], None] | None = None) -> IngestReport:
+    """Commit the dump in ``image_dir`` as the attempt's next snapshot, each tracked file read
+    from the matching entry of ``sources`` (its live path, or a copy in a spool entry) up to
+    its dumped size; the manifest records the tracked files' original paths.
+
+    ``before_commit`` runs after every pack is written and before the ``snap`` record is
+    created; raising from it aborts the snapshot (nothing becomes visible)."""
+    if len(sources) != len(tracked):
+        raise ValueError("give one source per tracked file")
+    stats = read_dump_stats(image_dir)
     cuts = pages_cuts_by_file(image_dir)
     image_bytes = 0
     with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
@@ -86,13 +101,15 @@ def ingest(attempt: Any, image_dir: str, *, tracked_paths: list[str],
                 continue
             image_bytes += os.path.getsize(path)
             snap.add_file(f"{IMAGES}/{name}", path, cuts=cuts.get(name, ()))
-        for index, item in enumerate(tracked):
-            with open(item.path, "rb") as f:
+        for index, (item, source) in enumerate(zip(tracked, sources)):
+            with open(source, "rb") as f:
                 snap.add_stream(f"{FILES}/{index}", f, size=item.size)
         user = {"process": {**info, "tracked": [{"path": t.path, "size": t.size} for t in tracked],
                             "frozen_us": stats.frozen_us, "freezing_us": stats.freezing_us,
                             "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
                             "pages_written": stats.pages_written, "image_bytes": image_bytes}}
+        if before_commit is not None:
+            before_commit()
         manifest = snap.commit(compat=compat, user=user)
         written = snap.stats.bytes_written
     return IngestReport(manifest, stats.frozen_us, image_bytes, written, tuple(tracked))

@@ -10,7 +10,9 @@ The supervisor is the command's parent for its whole life:
   before a restore;
 * every ``every`` seconds it dumps the workload with CRIU to local staging (the workload is
   frozen only while CRIU writes its pages), lets it run again, and ingests the images into the
-  store;
+  store; with ``spool_dir`` (Kubernetes: ``cairn run --spool``) it dumps into an entry of the
+  spool instead and the sidecar's uploader commits it (:mod:`cairn.process.spool`, ADR 0014),
+  so a snapshot costs the supervisor only the dump;
 * the workload never outlives the supervisor: a fresh child gets ``PR_SET_PDEATHSIG=SIGKILL``
   and a restored one keeps it, because CRIU restores it as the supervisor's child
   (``--restore-sibling``); the supervisor is also a child subreaper;
@@ -20,7 +22,8 @@ The supervisor is the command's parent for its whole life:
   exit code says whether it was committed;
 * with ``status_file`` it reports its counters there after each snapshot (the sidecar serves
   them as metrics);
-* when the command succeeds the key is marked done and its snapshots dropped.
+* when the command succeeds the key is marked done and its snapshots dropped (spooled entries
+  not yet uploaded are cancelled first: they would be dropped anyway).
 
 Exit codes: the workload's own when it ends by itself (128 + N when killed by signal N);
 :data:`EXIT_PREEMPTED_SAVED`, :data:`EXIT_PREEMPTED_KEPT`; the CLI's 2 (usage), 5 (fenced),
@@ -52,6 +55,7 @@ from cairn.exceptions import (
     CorruptSnapshot,
     CriuFailed,
     Fenced,
+    NotFound,
     NotSnapshottable,
     StoreError,
 )
@@ -61,8 +65,9 @@ from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
+from cairn.process import spool as spool_mod
 from cairn.process import workload
-from cairn.process.images import read_unix_socket_paths
+from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
 from cairn.store.hashing import digest
@@ -85,6 +90,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0
 _UNMEASURED_BYTES_PER_S = 100e6
 DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
+UPLOADER_MAX_AGE_S = 10.0  # an uploader heartbeat older than this: no uploader is running
+SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
 
 
 def parse_duration(text: str) -> float:
@@ -118,6 +125,8 @@ class RunSettings:
     notice_file: str | None = None  # polled for a sidecar's preemption notice (k8s)
     status_file: str | None = None  # written after each snapshot, for the sidecar's metrics
     exclude_seqs: frozenset[int] = frozenset()  # never restored (a resume policy's verdict)
+    spool_dir: str | None = None  # hand dumps to `cairn sidecar --upload` here (k8s)
+    spool_wait_s: float = 60.0  # at start: wait this long for an earlier run's spooled dumps
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -125,6 +134,8 @@ class RunSettings:
                               "--key K -- python train.py")
         if self.grace_s < 0:
             raise ConfigError("--grace must be zero or more seconds")
+        if self.spool_wait_s < 0:
+            raise ConfigError("--spool-wait must be zero or more seconds")
 
 
 @dataclass
@@ -135,6 +146,14 @@ class DumpCost:
     peak_staging_bytes: int = 0
     failures: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """A snapshot taken: committed as ``seq``, or spooled as ``entry`` for the uploader."""
+
+    seq: int | None = None
+    entry: str | None = None
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -230,6 +249,10 @@ class Supervisor:
         self._notice: channel.Notice | None = None
         self._status = channel.Status(pid=os.getpid(), started_at=time.time())
         self._status_failed = False
+        self._spool: spool_mod.Spool | None = None
+        self._spool_results: dict[str, spool_mod.Result] = {}
+        self._spool_fenced: spool_mod.Result | None = None
+        self._spool_waiting = False  # logged that a periodic dump waits for the uploader
         # Workload run time carried by the snapshots, so a resume can say how much it saved.
         self._runtime_base = 0.0
         self._runtime_since = time.monotonic()
@@ -274,6 +297,12 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, self._on_child)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         os.makedirs(self.run_dir, exist_ok=True)
+        if s.spool_dir:
+            try:
+                self._prepare_spool(s.spool_dir)
+            except (CairnError, OSError) as e:
+                log.error("cannot use the spool %s: %s", s.spool_dir, e)
+                return EXIT_USAGE
         try:
             self._store = open_store(s.store)
             self._attempt = self._store.open_attempt(
@@ -290,6 +319,7 @@ class Supervisor:
         finally:
             if self._echo is not None:
                 self._echo.stop()
+            self._poll_spool()
             self._summarize()
             if self.child is not None:
                 self._kill_child()
@@ -316,7 +346,15 @@ class Supervisor:
                 return self._workload_ended(status)
             if self._signal is not None or self._take_notice():
                 return self._preempted()
+            self._poll_spool()
+            if self._spool_fenced is not None:
+                log.error("the uploader could not commit entry %s: %s; stopping the workload",
+                          self._spool_fenced.entry, self._spool_fenced.detail)
+                return EXIT_FENCED
             now = time.monotonic()
+            if next_dump is not None and now >= next_dump and self._spool_busy():
+                next_dump = now + 1.0  # the previous dump is still being uploaded
+                continue
             if next_dump is not None and now >= next_dump:
                 try:
                     self._snapshot(leave_running=True)
@@ -478,17 +516,24 @@ class Supervisor:
             self._cuda = cuda_mod.CudaCheckpoint.load() or False
         return self._cuda or None
 
-    def _snapshot(self, *, leave_running: bool) -> Manifest | None:
-        """Dump, then ingest. Returns the committed manifest, or None when it failed (logged;
-        the workload keeps running when ``leave_running``). Raises Fenced."""
+    def _snapshot(self, *, leave_running: bool) -> _Saved | None:
+        """Dump, then ingest (or, with a spool, hand the dump to the uploader). Returns what
+        was saved, or None when it failed (logged; the workload keeps running when
+        ``leave_running``). Raises Fenced."""
         assert self._criu is not None and self.child is not None
         started = time.monotonic()
         image_dir = os.path.join(self.staging, f"dump-{int(time.time() * 1000)}")
+        entry: str | None = None
+        handed = False
         try:
             tree = workload.process_tree(self.child)
             tracked, gpu = self._check_dumpable(tree)
             runtime = self._runtime_base + (time.monotonic() - self._runtime_since)
-            os.makedirs(image_dir)
+            if self._spool is not None:
+                entry = self._spool.new_entry(self._attempt.epoch)
+                image_dir = self._spool.images_dir(entry)
+            else:
+                os.makedirs(image_dir)
             if gpu:
                 api = self._cuda_api()
                 assert api is not None
@@ -502,10 +547,18 @@ class Supervisor:
             dumped = time.monotonic()
             staged = snap_mod.directory_bytes(image_dir)
             self.cost.peak_staging_bytes = max(self.cost.peak_staging_bytes, staged)
-            report = snap_mod.ingest(
-                self._attempt, image_dir, tracked_paths=tracked, compat=self._compat,
-                info={"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
-                      "leave_running": leave_running, "runtime_s": round(runtime, 3)})
+            info = {"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
+                    "leave_running": leave_running, "runtime_s": round(runtime, 3)}
+            if self._spool is not None and entry is not None:
+                frozen_us = read_dump_stats(image_dir).frozen_us
+                self._spool.hand_off(
+                    entry, key=self.key, store=self._store.url, epoch=self._attempt.epoch,
+                    last_seq=self._attempt.log.last_seq, parent_seq=self._last_committed_seq(),
+                    compat=self._compat, info=info, tracked_paths=tracked)
+                handed = True
+                return self._spooled(entry, started, dumped, staged, frozen_us)
+            report = snap_mod.ingest(self._attempt, image_dir, tracked_paths=tracked,
+                                     compat=self._compat, info=info)
         except Fenced:
             raise
         except (CairnError, OSError) as e:
@@ -516,7 +569,10 @@ class Supervisor:
                          last_error_at=time.time())
             return None
         finally:
-            shutil.rmtree(image_dir, ignore_errors=True)
+            if entry is None:
+                shutil.rmtree(image_dir, ignore_errors=True)
+            elif not handed and self._spool is not None:
+                self._spool.remove(entry)
         done = time.monotonic()
         self.cost.seconds = done - started
         figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
@@ -535,7 +591,195 @@ class Supervisor:
                     report.bytes_written / 1e6,
                     100 * report.bytes_written / max(report.image_bytes, 1), staged / 1e6,
                     dumped - started, done - dumped)
-        return report.manifest
+        return _Saved(seq=report.manifest.seq)
+
+    def _spooled(self, entry: str, started: float, dumped: float, staged: int,
+                 frozen_us: int) -> _Saved:
+        """Account for a dump handed to the uploader. Its cost — what a final snapshot's
+        budget must cover — is the dump and the hand-off, not the upload."""
+        done = time.monotonic()
+        self.cost.seconds = done - started
+        self.cost.history.append({"entry": entry, "seq": None, "frozen_ms": frozen_us / 1000,
+                                  "dump_s": round(dumped - started, 3),
+                                  "handoff_s": round(done - dumped, 3), "image_bytes": staged,
+                                  "bytes_written": 0, "staging_bytes": staged})
+        st = self._status
+        self._report(spooled=st.spooled + 1, frozen_seconds=st.frozen_seconds + frozen_us / 1e6,
+                     stall_seconds=st.stall_seconds + dumped - started)
+        log.warning("snapshot spooled as entry %s: frozen %.0f ms (CRIU), image %.1f MB, dump "
+                    "%.2fs + hand-off %.2fs; the sidecar uploads it", entry, frozen_us / 1000,
+                    staged / 1e6, dumped - started, done - dumped)
+        return _Saved(entry=entry)
+
+    # -- the spool (cairn run --spool): the sidecar uploads --------------------------------
+
+    def _prepare_spool(self, path: str) -> None:
+        """Before opening the attempt (which fences every older one): report what an earlier
+        run in this pod left, and give the uploader a while to commit its dumps — once this
+        run opens, they could never be committed."""
+        spool = spool_mod.Spool(path)
+        spool.ensure()
+        spool.sweep_trash()
+        for entry in spool.entries():
+            if not spool.is_complete(entry):  # an earlier run's dump that never completed
+                spool.remove(entry)
+        pending = spool.pending()
+        if pending and spool.uploader_alive(UPLOADER_MAX_AGE_S):
+            log.warning("waiting up to %.0fs for the sidecar to upload %d snapshot(s) an "
+                        "earlier run spooled", self.settings.spool_wait_s, len(pending))
+            deadline = time.monotonic() + self.settings.spool_wait_s
+            while pending and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pending = spool.pending()
+        if pending:
+            log.warning("%d snapshot(s) an earlier run spooled are not uploaded; this run "
+                        "fences them (it resumes from the last committed one)", len(pending))
+        for result in spool.results():
+            spool.discard_result(result.entry)
+            log.warning("an earlier run's spooled entry %s: %s%s", result.entry,
+                        result.outcome.value,
+                        f" as seq {result.seq}" if result.seq is not None else "")
+        if not spool.uploader_alive(UPLOADER_MAX_AGE_S):
+            log.warning("no uploader is running on the spool %s yet (`cairn sidecar --upload`): "
+                        "snapshots reach the store only through it", spool.path)
+        self._spool = spool
+
+    def _poll_spool(self) -> None:
+        """Take the uploader's verdicts on this run's entries (the newest committed seq, and
+        whether this attempt is fenced)."""
+        if self._spool is None or self._attempt is None:
+            return
+        try:
+            results = self._spool.results()
+        except OSError as e:
+            log.warning("cannot read the spool: %s", e)
+            return
+        for result in results:
+            self._spool.discard_result(result.entry)
+            if result.epoch != self._attempt.epoch:
+                log.warning("an earlier run's spooled entry %s: %s", result.entry,
+                            result.outcome.value)
+                continue
+            self._spool_results[result.entry] = result
+            outcome = result.outcome
+            if outcome is spool_mod.Outcome.COMMITTED and result.seq is not None:
+                for figures in self.cost.history:
+                    if figures.get("entry") == result.entry:
+                        figures.update(seq=result.seq, bytes_written=result.bytes_written,
+                                       upload_s=result.upload_s)
+                st = self._status
+                self._report(snapshots=st.snapshots + 1,
+                             bytes_written=st.bytes_written + result.bytes_written,
+                             last_seq=max(result.seq, st.last_seq or 0),
+                             last_success_at=time.time())
+                log.warning("snapshot seq %d committed by the sidecar (entry %s): wrote %.1f MB "
+                            "of %.1f MB in %.2fs", result.seq, result.entry,
+                            result.bytes_written / 1e6, result.image_bytes / 1e6,
+                            result.upload_s)
+            elif outcome is spool_mod.Outcome.FENCED:
+                self._spool_fenced = result
+            elif outcome is spool_mod.Outcome.INVALID:
+                self.cost.failures += 1
+                self._report(failures=self._status.failures + 1,
+                             last_error=f"entry {result.entry}: {result.detail}"[:500],
+                             last_error_at=time.time())
+                log.error("the sidecar dropped entry %s: %s", result.entry, result.detail)
+            else:
+                log.info("entry %s: %s (%s)", result.entry, outcome.value, result.detail)
+
+    def _spool_busy(self) -> bool:
+        """Whether a dump of this run still waits for the uploader (then the next periodic
+        dump waits too: the shared volume holds one dump, and order matters)."""
+        if self._spool is None:
+            return False
+        pending = self._spool.pending(self._attempt.epoch)
+        if not pending:
+            self._spool_waiting = False
+            return False
+        if not self._spool_waiting:
+            self._spool_waiting = True
+            alive = self._spool.uploader_alive(UPLOADER_MAX_AGE_S)
+            log.warning("the next snapshot waits: entry %s is not uploaded yet%s", pending[-1],
+                        "" if alive else " and no uploader is running (cairn sidecar --upload)")
+            if not alive:
+                self._report(last_error="no uploader is running on the spool; spooled "
+                                        "snapshots are not reaching the store",
+                             last_error_at=time.time())
+        return True
+
+    def _make_room(self) -> None:
+        """Before a final dump: withdraw this run's entries not yet uploaded when the volume
+        cannot hold another dump next to them (the final one supersedes them)."""
+        assert self._spool is not None
+        pending = self._spool.pending(self._attempt.epoch)
+        if not pending or not self.cost.peak_staging_bytes:
+            return
+        try:
+            st = os.statvfs(self._spool.path)
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize >= self.cost.peak_staging_bytes * 1.1:
+            return
+        for entry in pending:
+            if self._spool.cancel(entry):
+                self._spool.remove(entry)
+                log.warning("withdrew spooled entry %s (not uploaded yet) to make room for the "
+                            "final dump", entry)
+
+    def _withdraw_pending(self) -> None:
+        """The step succeeded: its snapshots are about to be dropped, so entries not yet
+        uploaded are cancelled instead of uploaded (see :meth:`_finish_attempt` for one the
+        uploader has already started)."""
+        assert self._spool is not None
+        withdrawn = [e for e in self._spool.pending(self._attempt.epoch) if self._spool.cancel(e)]
+        for entry in withdrawn:
+            self._spool.remove(entry)
+        if withdrawn:
+            log.warning("cancelled %d spooled snapshot(s) not uploaded yet: the step is done",
+                        len(withdrawn))
+
+    def _await_upload(self, entry: str, until: float) -> spool_mod.Result | None:
+        """The uploader's verdict on ``entry``, waiting until ``until`` (monotonic)."""
+        while True:
+            self._poll_spool()
+            result = self._spool_results.get(entry)
+            if result is not None or time.monotonic() >= until:
+                return result
+            time.sleep(0.1)
+
+    def _last_committed_seq(self) -> int | None:
+        """The newest snapshot this attempt restored or knows committed."""
+        parent = self._attempt.parent.seq if self._attempt.parent is not None else None
+        known = [seq for seq in (parent, self._status.last_seq) if seq is not None]
+        return max(known) if known else None
+
+    def _finish_attempt(self) -> None:
+        """Mark the key done. With a spool, the uploader may have committed records of this
+        attempt the supervisor has not seen: catch up first, and if an upload that was in
+        flight takes the seq meanwhile, adopt it and try again. A ``done`` always ends the
+        log: the uploader refuses to commit after its attempt's ``done``."""
+        attempt = self._attempt
+        if self._spool is None:
+            attempt.finish()
+            return
+        for _ in range(8):
+            attempt.log.catch_up()
+            try:
+                attempt.finish()
+                self._attempt = attempt
+                return
+            except Fenced:
+                try:
+                    taken = self._store.log(self.key).read(attempt.log.next_seq)
+                except (NotFound, CorruptSnapshot):
+                    raise Fenced(f"key {self.key}: epoch {attempt.epoch} is fenced") from None
+                if taken.epoch != attempt.epoch:
+                    raise
+                attempt = self._store.resume_attempt(self.key, epoch=attempt.epoch,
+                                                     last_seq=attempt.log.last_seq,
+                                                     parent_seq=None)
+        raise StoreError(f"key {self.key}: the uploader kept committing while the step was "
+                         "being marked done")
 
     def _summarize(self) -> None:
         history = self.cost.history
@@ -544,9 +788,15 @@ class Supervisor:
         frozen = sorted(h["frozen_ms"] for h in history)
         written = sum(h["bytes_written"] for h in history)
         image = sum(h["image_bytes"] for h in history)
-        log.warning("%d snapshots (%d failed): frozen median %.0f ms, max %.0f ms; wrote %.1f MB "
-                    "for %.1f MB of images (%.0f%%); peak staging %.1f MB", len(history),
-                    self.cost.failures, frozen[len(frozen) // 2] if frozen else 0,
+        spooled = [h for h in history if h.get("entry")]
+        by_sidecar = ""
+        if spooled:
+            committed = sum(1 for h in spooled if h.get("seq") is not None)
+            by_sidecar = (f" ({len(spooled)} spooled, {committed} of them committed by the "
+                          "sidecar so far)")
+        log.warning("%d snapshots%s (%d failed): frozen median %.0f ms, max %.0f ms; wrote %.1f "
+                    "MB for %.1f MB of images (%.0f%%); peak staging %.1f MB", len(history),
+                    by_sidecar, self.cost.failures, frozen[len(frozen) // 2] if frozen else 0,
                     frozen[-1] if frozen else 0, written / 1e6, image / 1e6,
                     100 * written / max(image, 1), self.cost.peak_staging_bytes / 1e6)
 
@@ -574,7 +824,9 @@ class Supervisor:
             return code
         if self.settings.on_success is OnSuccess.DROP:
             try:
-                self._attempt.finish()
+                if self._spool is not None:
+                    self._withdraw_pending()
+                self._finish_attempt()
                 log.warning("the workload succeeded; key %s marked done, snapshots dropped",
                             self.key)
             except Fenced as e:
@@ -633,23 +885,43 @@ class Supervisor:
             estimate = resident / _UNMEASURED_BYTES_PER_S
             basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
                      f"{_UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
-        kept = self._attempt.parent.seq if self._attempt.parent is not None else None
+        budget_end = time.monotonic() + remaining
+        self._poll_spool()
+        kept = self._last_committed_seq()
         kept_text = f"snapshot seq {kept} kept" if kept is not None else "no snapshot to keep"
         if estimate > remaining:
             log.error("%s: no final snapshot: %s %.1fs and %.1fs of the budget are left (grace "
                       "%.0fs); %s", name, basis, estimate, remaining, self.settings.grace_s,
                       kept_text)
             return EXIT_PREEMPTED_KEPT
+        if self._spool is not None:
+            self._make_room()
         try:
-            manifest = self._snapshot(leave_running=False)
+            saved = self._snapshot(leave_running=False)
         except Fenced as e:
             log.error("%s: %s", name, e)
             return EXIT_FENCED
-        if manifest is None:
+        if saved is None:
             log.error("%s: the final snapshot failed; %s", name, kept_text)
             return EXIT_PREEMPTED_KEPT
+        if saved.entry is not None:
+            # The budget covered the dump; the upload goes on in the sidecar, which outlives
+            # this container. Wait for it while the budget lasts, to report how it ended.
+            result = self._await_upload(saved.entry, budget_end - SPOOL_EXIT_MARGIN_S)
+            if result is not None and result.outcome is spool_mod.Outcome.FENCED:
+                log.error("%s: the final snapshot cannot be committed: %s", name, result.detail)
+                return EXIT_FENCED
+            if result is not None and result.outcome is spool_mod.Outcome.COMMITTED:
+                log.warning("%s: final snapshot seq %d committed (uploaded by the sidecar); "
+                            "exiting %d so the orchestrator retries and resumes", name,
+                            result.seq, EXIT_PREEMPTED_SAVED)
+            else:
+                log.warning("%s: final snapshot spooled as entry %s and still uploading when "
+                            "the budget ran out (the sidecar carries on; until it commits, %s); "
+                            "exiting %d", name, saved.entry, kept_text, EXIT_PREEMPTED_SAVED)
+            return EXIT_PREEMPTED_SAVED
         log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
-                    "retries and resumes", name, manifest.seq, EXIT_PREEMPTED_SAVED)
+                    "retries and resumes", name, saved.seq, EXIT_PREEMPTED_SAVED)
         return EXIT_PREEMPTED_SAVED
 
     def _record_outcome(self, code: int | None) -> None:
@@ -675,11 +947,12 @@ class Supervisor:
             detail["notice"] = {"source": self._notice.source, "reason": self._notice.reason}
         if self.restored_from is not None:
             detail["resumed_from_seq"] = self.restored_from
-        last = self._attempt.parent
+        if self._spool is not None:
+            detail["spooled"] = self._status.spooled
         outcome = Outcome(
             epoch=self._attempt.epoch, outcome=kind, started_at=self._status.started_at,
             ended_at=max(time.time(), self._status.started_at),
-            progress=Progress(snapshot_seq=last.seq if last is not None else None),
+            progress=Progress(snapshot_seq=self._last_committed_seq()),
             snapshot_cost_s=self.cost.seconds, detail=detail)
         record_best_effort(self._store, self.key, outcome)
 

@@ -166,6 +166,84 @@ def test_the_commands_written_parse_with_the_real_cli(tmp_path: Path) -> None:
     assert settings.sigterm_window_s == 45.0 and settings.node is not None
 
 
+def test_process_mode_sidecar_uploads_from_the_spool(tmp_path: Path) -> None:
+    from cairn.cli.main import build_parser
+    from cairn.k8s.sidecar_cli import _settings
+    from cairn.k8s.transform import SPOOL_PATH, UPLOADER_RESOURCES
+
+    out = with_snapshot_sidecar(_pod(), **_options("process", False))
+    env = {e["name"]: e.get("value") for e in _main(out)["env"]}
+    assert env == {"EPOCHS": "3", "CAIRN_SPOOL_DIR": SPOOL_PATH}
+    assert SPOOL_PATH.startswith(SHARED_PATH + "/")  # on the shared volume, next to staging
+    sidecar = out["spec"]["initContainers"][0]
+    assert sidecar["resources"] == UPLOADER_RESOURCES
+    args = build_parser().parse_args(sidecar["args"])
+    settings = _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path)}))
+    assert settings.upload is not None
+    assert (settings.upload.spool_dir, settings.upload.store, settings.upload.key) == (
+        SPOOL_PATH, "gs://bucket/cairn", "dag/train/run-1")
+    # `cairn run` reads the spool from the environment the pod gives it.
+    run = build_parser().parse_args(_main(out)["command"][1:])
+    assert run.no_spool is False
+    # State mode: the Checkpointer's own writer process persists; the sidecar does not upload.
+    state = with_snapshot_sidecar(_pod(), **_options("state", False))
+    state_sidecar = state["spec"]["initContainers"][0]
+    assert "--upload" not in state_sidecar["args"]
+    assert state_sidecar["resources"]["requests"] == {"cpu": "20m", "memory": "64Mi"}
+    assert "CAIRN_SPOOL_DIR" not in {e["name"] for e in _main(state)["env"]}
+
+
+def _with_credentials(pod: dict[str, Any], path: str, *, mount: str | None) -> dict[str, Any]:
+    main = _main(pod)
+    main["env"] += [{"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": path},
+                    {"name": "STORAGE_EMULATOR_HOST", "value": "http://gcs.test:4443"},
+                    {"name": "GOOGLE_CLOUD_PROJECT",
+                     "valueFrom": {"configMapKeyRef": {"name": "gcp", "key": "project"}}}]
+    if mount is not None:
+        pod["spec"]["volumes"].append({"name": "gcp-key", "secret": {"secretName": "gcp-key"}})
+        main["volumeMounts"].append({"name": "gcp-key", "mountPath": mount, "readOnly": True})
+    return pod
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_uploading_sidecar_gets_the_stores_credentials(version: str) -> None:
+    pod = _with_credentials(_pod(), "/var/secrets/gcp/key.json", mount="/var/secrets/gcp")
+    out = with_snapshot_sidecar(pod, **_options("process", False))
+    sidecar = out["spec"]["initContainers"][0]
+    assert [e["name"] for e in sidecar["env"]] == [
+        "GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT"]
+    assert sidecar["env"][2]["valueFrom"] == {"configMapKeyRef": {"name": "gcp", "key": "project"}}
+    assert {"name": "gcp-key", "mountPath": "/var/secrets/gcp", "readOnly": True} in \
+        sidecar["volumeMounts"]
+    kubernetes_validate.validate(out, version, strict=True)
+    assert semantic_problems(out, main="train") == []
+    # Not given to the sidecar in state mode, where it does not upload.
+    state = with_snapshot_sidecar(pod, **_options("state", False))
+    assert "env" not in state["spec"]["initContainers"][0]
+
+
+def test_a_key_file_the_sidecar_cannot_see_is_refused() -> None:
+    pod = _with_credentials(_pod(), "/etc/baked-into-the-image/key.json", mount=None)
+    with pytest.raises(ConfigError, match="mount the key from a Secret volume, or use Workload"):
+        with_snapshot_sidecar(pod, **_options("process", False))
+
+
+def test_a_path_store_is_mounted_into_the_uploading_sidecar() -> None:
+    pod = _pod()
+    pod["spec"]["volumes"].append({"name": "snapshots",
+                                   "persistentVolumeClaim": {"claimName": "snapshots"}})
+    _main(pod)["volumeMounts"].append({"name": "snapshots", "mountPath": "/mnt/snapshots"})
+    options = {**_options("process", False), "store": "/mnt/snapshots/cairn"}
+    out = with_snapshot_sidecar(pod, **options)
+    sidecar = out["spec"]["initContainers"][0]
+    assert {"name": "snapshots", "mountPath": "/mnt/snapshots"} in sidecar["volumeMounts"]
+    kubernetes_validate.validate(out, "1.29", strict=True)
+    from cairn.k8s.transform import StoreAccessWarning
+
+    with pytest.warns(StoreAccessWarning, match="is not on a volume container 'train' mounts"):
+        with_snapshot_sidecar(_pod(), **{**options, "store": "file:///mnt/elsewhere"})
+
+
 def test_process_mode_security_is_adr_0008() -> None:
     out = with_snapshot_sidecar(_pod(), **_options("process", False))
     sc = _main(out)["securityContext"]
