@@ -119,7 +119,8 @@ def read_notice(path: str) -> Notice | None:
 
 @dataclass(frozen=True)
 class Status:
-    """What the supervisor reports after each snapshot (cumulative for its run)."""
+    """What the supervisor (process mode) or the Checkpointer (state mode) reports after each
+    snapshot (cumulative for its run)."""
 
     pid: int
     started_at: float
@@ -135,6 +136,7 @@ class Status:
     last_error_at: float | None = None
     resumes: int = 0
     work_saved_seconds: float = 0.0  # workload run time a restore did not have to redo
+    work_saved_steps: int = 0  # state mode: training steps a restore did not have to redo
     notices: dict[str, int] = field(default_factory=dict)
     updated_at: float = 0.0
 

@@ -94,6 +94,9 @@ def render(status: Status | None, *, notices_sent: Mapping[str, int],
         w.family("cairn_work_saved_seconds_total", "counter",
                  "Workload run time a resume did not have to redo.",
                  [({}, status.work_saved_seconds)])
+        w.family("cairn_work_saved_steps_total", "counter",
+                 "Training steps a resume did not have to redo (state mode).",
+                 [({}, status.work_saved_steps)])
         w.family("cairn_supervisor_notices_total", "counter",
                  "Notices the supervisor acted on, by source.",
                  [({"source": s}, n) for s, n in sorted(status.notices.items())])

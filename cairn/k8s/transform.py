@@ -5,7 +5,8 @@ and returns a new one of the same kind; the input is never modified. What it doe
 is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.md:
 
 * the main container runs under ``cairn run`` (process mode), or gets ``CAIRN_STORE``,
-  ``CAIRN_KEY`` and ``CAIRN_NOTICE_FILE`` for ``Checkpointer.from_env()`` (state mode);
+  ``CAIRN_KEY``, ``CAIRN_NOTICE_FILE`` and ``CAIRN_STATUS_FILE`` for
+  ``Checkpointer.from_env()`` (state mode);
 * a native sidecar (an ``initContainers`` entry with ``restartPolicy: Always``) runs
   ``cairn sidecar``: notices and metrics, small requests, non-root, no checkpointing; in
   process mode it also uploads (``--upload``): ``cairn run`` hands each dump to it through the
@@ -490,7 +491,7 @@ def with_snapshot_sidecar(
         _process_security(spec, main, metadata)
     else:
         _merge_env(main, {"CAIRN_STORE": store, "CAIRN_KEY": key,
-                          "CAIRN_NOTICE_FILE": notice_file})
+                          "CAIRN_NOTICE_FILE": notice_file, "CAIRN_STATUS_FILE": status_file})
 
     window = grace if cap_s is None else min(float(grace), cap_s)
     sidecar = _sidecar(

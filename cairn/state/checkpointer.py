@@ -69,6 +69,7 @@ from cairn.state.codec import (
 from cairn.state.distributed import Group
 from cairn.state.sidecar import SidecarWriter
 from cairn.state.staging import StagingBuffer, plan
+from cairn.state.status import STATUS_FILE_ENV, StatusReporter
 from cairn.state.triggers import (
     PreemptionNotice,
     PreemptionPolicy,
@@ -206,7 +207,7 @@ class Checkpointer:
                  preemption: PreemptionPolicy | None = PreemptionPolicy(),
                  persist: PersistMode = PersistMode.SIDECAR, when_busy: WhenBusy = WhenBusy.WAIT,
                  buffers: int = 1, max_failures: int = 3,
-                 exclude_seqs: Collection[int] = ()) -> None:
+                 exclude_seqs: Collection[int] = (), status_file: str | None = None) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -219,6 +220,9 @@ class Checkpointer:
             raise ConfigError("exclude_seqs must be snapshot seqs (integers)")
         self.policy = policy
         self.exclude_seqs = frozenset(exclude_seqs)  # never restored (a resume policy's verdict)
+        # For the pod sidecar's metrics; None: $CAIRN_STATUS_FILE; "": none. Rank 0 writes it.
+        self._status_file = os.environ.get(STATUS_FILE_ENV) if status_file is None else status_file
+        self._status: StatusReporter | None = None
         self._owns_store = not isinstance(store, Store)
         self.store = open_store(store) if isinstance(store, str) else store
         self.key = Key.parse(key) if isinstance(key, str) else key
@@ -328,9 +332,13 @@ class Checkpointer:
             self._last_step = int(tree["step"])
             self.committed_seq, self.committed_step = info.seq, self._last_step
             log.info("key %s: resumed from seq %d (step %d)", self.key, info.seq, self._last_step)
+            self._start_status()
+            if self._status is not None:
+                self._status.resumed(seq=info.seq, step=self._last_step)
             self._start_writer(_staged_size(info.manifest, prefix))
             return self._last_step + 1
         self._start_writer(None)
+        self._start_status()
         return 0
 
     def _candidates(self) -> Iterator[SnapshotInfo]:
@@ -471,6 +479,8 @@ class Checkpointer:
         assert self._notice is not None
         remaining = self._notice.remaining()
         name = self._notice.describe()
+        if self._status is not None:
+            self._status.notice(self._notice.source())
         seq = None
         if self.snapshot_cost_s is not None and self.snapshot_cost_s > remaining:
             log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",
@@ -509,6 +519,9 @@ class Checkpointer:
             self.last_snapshot = manifest
             self.committed_seq, self.committed_step = manifest.seq, step
             self._last_step = step
+            if self._status is not None:
+                self._status.committed(seq=manifest.seq, stall_s=self.last_stall_s,
+                                       bytes_written=int(manifest.metadata.get("bytes_written", 0)))
             return manifest
         staged = self._stage(tree, step)
         self._last_time = time.monotonic()
@@ -603,9 +616,14 @@ class Checkpointer:
                 self._record_cost((self.last_stall_s or 0.0) + result.seconds)
                 self._last_error = None
                 self.failures = 0
+                if self._status is not None:
+                    self._status.committed(seq=result.seq, stall_s=self.last_stall_s or 0.0,
+                                           bytes_written=result.bytes_written)
             else:
                 self._last_error = result.error
                 self.failures += 1
+                if self._status is not None:
+                    self._status.failed(result.error or "unknown error")
                 log.error("key %s: snapshot of step %d was not committed (%d of %d allowed in a "
                           "row): %s", self.key, result.step, self.failures, self.max_failures,
                           result.error)
@@ -618,6 +636,10 @@ class Checkpointer:
             raise StoreError(f"key {self.key}: {self.failures} snapshots in a row were not "
                              f"committed (max_failures={self.max_failures}); the last error: "
                              f"{self._last_error}")
+
+    def _start_status(self) -> None:
+        if self._status_file and self._group.rank == 0 and self._status is None:
+            self._status = StatusReporter(self._status_file)
 
     @property
     def writer_pid(self) -> int | None:

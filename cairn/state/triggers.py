@@ -106,6 +106,15 @@ class PreemptionNotice:
             return f"notice from {self.notice.source} ({self.notice.reason})"
         return "preemption notice"
 
+    def source(self) -> str:
+        """A short name for the notice's origin (a metrics label): the signal, or the
+        sidecar's source."""
+        if self.signum is not None:
+            return signal.Signals(self.signum).name
+        if self.notice is not None:
+            return self.notice.source
+        return "unknown"
+
     def install(self) -> bool:
         """Install the handlers; False (and nothing installed) off the main thread."""
         if threading.current_thread() is not threading.main_thread():

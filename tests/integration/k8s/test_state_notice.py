@@ -87,3 +87,40 @@ def test_a_notice_past_its_deadline_keeps_the_last_snapshot(
     with open_store(str(tmp_path / "store"), create=False) as store:
         newest = store.snapshots(Key.parse(KEY))[0].manifest
     assert newest.step < last and (newest.step + 1) % 2 == 0  # a periodic one
+
+
+def test_a_state_mode_trainer_reports_the_sidecars_metrics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CAIRN_STATUS_FILE`` (set by the transform): the Checkpointer writes the status the
+    sidecar serves: committed snapshots with their bytes and stall, a resume and the steps it
+    saved, a failed snapshot's error, and the notice it acted on."""
+    from cairn.k8s import metrics
+
+    status_file = tmp_path / "shared" / channel.STATUS_NAME
+    monkeypatch.setenv("CAIRN_STATUS_FILE", str(status_file))
+    caught, ckpt, last = _train(tmp_path, monkeypatch, notice_at=7, deadline_in=30.0,
+                                every_steps=3)
+    first = channel.read_status(str(status_file))
+    assert first is not None and first.resumes == 0
+    # Every third step up to the notice's poll, then the final one after step ``last``.
+    periodic = sum((s + 1) % 3 == 0 for s in range(last))
+    assert first.snapshots == periodic + 1 and first.last_seq == caught.seq
+    assert first.bytes_written > 0 and first.stall_seconds > 0
+    assert first.notices == {"gce-preempted": 1}
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    again = Checkpointer.from_env(every_steps=1, every_seconds=None, persist=PersistMode.SIDECAR)
+    assert again.restore(model=model, optimizer=opt) == last + 1
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    again.save(last + 1, wait=True)
+    again.close()
+    second = channel.read_status(str(status_file))
+    assert second is not None
+    assert (second.resumes, second.work_saved_steps, second.snapshots) == (1, last + 1, 1)
+    assert second.bytes_written > 0 and second.failures == 0 and second.last_seq is not None
+    page = metrics.render(second, notices_sent={}, watchers_healthy={})
+    assert f"cairn_work_saved_steps_total {last + 1}" in page
+    assert "cairn_snapshots_total 1" in page

@@ -271,7 +271,8 @@ def test_state_mode_sets_the_environment_and_needs_no_privileges() -> None:
     assert main["command"] == ["python", "train.py"] and main["args"] == ["--epochs", "3"]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env == {"EPOCHS": "3", "CAIRN_STORE": "gs://bucket/cairn", "CAIRN_KEY": "dag/train/run-1",
-                   "CAIRN_NOTICE_FILE": f"{SHARED_PATH}/notice.json"}
+                   "CAIRN_NOTICE_FILE": f"{SHARED_PATH}/notice.json",
+                   "CAIRN_STATUS_FILE": f"{SHARED_PATH}/status.json"}
     assert "securityContext" not in main
     assert "annotations" not in out["metadata"]
 
