@@ -88,11 +88,6 @@ class Backend(abc.ABC):
         buffer[: len(data)] = data
         return len(data)
 
-    def will_need(self, name: str, offset: int, length: int) -> None:
-        """A hint: this range is about to be read. Backends that can start fetching it in the
-        background do (a local disk's asynchronous readahead); the default does nothing.
-        Never raises for a missing object: the read that follows reports it."""
-
     @abc.abstractmethod
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose name starts with ``prefix``, sorted by name."""

@@ -206,20 +206,6 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def will_need(self, name: str, offset: int, length: int) -> None:
-        # WILLNEED queues the range's reads and returns: the disk works while the reading
-        # threads hash what already arrived (measured on a cold 1 GiB restore).
-        try:
-            fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-        except (OSError, AttributeError):
-            pass
-        finally:
-            os.close(fd)
-
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         base = os.path.join(self.root, prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
         found: list[ObjectInfo] = []

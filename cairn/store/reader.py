@@ -68,27 +68,6 @@ def _make_range(run: list[ChunkRef]) -> _Range:
     return _Range(run[0].pack, start, run[-1].offset + run[-1].size - start, tuple(run))
 
 
-READAHEAD_BYTES = 128 << 20
-
-
-class _Readahead:
-    """Hints the backend (:meth:`Backend.will_need`) about the ranges coming next, up to
-    :data:`READAHEAD_BYTES` beyond those already submitted to the pool."""
-
-    def __init__(self, backend: Backend, ranges: Sequence[_Range]) -> None:
-        self._backend, self._ranges = backend, ranges
-        self._next = 0
-        self._hinted = 0
-
-    def advance(self, submitted_bytes: int) -> None:
-        while self._next < len(self._ranges) and \
-                self._hinted < submitted_bytes + READAHEAD_BYTES:
-            rng = self._ranges[self._next]
-            self._backend.will_need(rng.pack, rng.offset, rng.length)
-            self._hinted += rng.length
-            self._next += 1
-
-
 class SnapshotReader:
     """Reads files of one committed snapshot. One thread uses a reader at a time."""
 
@@ -138,15 +117,12 @@ class SnapshotReader:
         ranges = _coalesce(entry.chunks)
         free = self._free
         pending: deque[tuple[_Range, bytearray, Future[int]]] = deque()
-        next_index = submitted = 0
-        readahead = _Readahead(self.backend, ranges)
+        next_index = 0
         try:
             for _ in ranges:
-                readahead.advance(submitted)
                 while next_index < len(ranges) and len(pending) < self._prefetch:
                     rng = ranges[next_index]
                     next_index += 1
-                    submitted += rng.length
                     buffer = _take_buffer(free, rng.length)
                     pending.append((rng, buffer, self._pool.submit(
                         self._fetch_verified, rng, memoryview(buffer))))
@@ -189,15 +165,12 @@ class SnapshotReader:
                 raise CorruptSnapshot(f"{path}: its chunks add up to {position} bytes, not "
                                       f"{entry.size}", seq=self.manifest.seq)
         pending: deque[tuple[_Range, Future[int]]] = deque()
-        next_index = submitted = 0
-        readahead = _Readahead(self.backend, [rng for rng, _ in work])
+        next_index = 0
         try:
             while next_index < len(work) or pending:
-                readahead.advance(submitted)
                 while next_index < len(work) and len(pending) < self._prefetch:
                     rng, view = work[next_index]
                     next_index += 1
-                    submitted += rng.length
                     pending.append((rng, self._pool.submit(self._fetch_verified, rng, view)))
                 rng, future = pending.popleft()
                 future.result()

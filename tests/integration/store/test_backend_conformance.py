@@ -129,11 +129,3 @@ def test_empty_object(backend: Backend) -> None:
     backend.create("empty", b"")
     assert backend.read("empty") == b""
     assert backend.read_range("empty", 0, 10) == b""
-
-
-def test_a_readahead_hint_changes_nothing_and_never_raises(backend: Backend) -> None:
-    backend.create("packs/p6", b"0123456789")
-    backend.will_need("packs/p6", 2, 5)
-    backend.will_need("packs/p6", 0, 1 << 30)  # past the end
-    backend.will_need("packs/absent", 0, 10)   # the read that follows reports it
-    assert backend.read_range("packs/p6", 2, 5) == b"23456"

@@ -45,32 +45,6 @@ def test_whole_files_land_in_the_callers_buffers(store: Store) -> None:
     assert sum(seen) == sum(len(d) for d in FILES.values())
 
 
-def test_the_backend_hears_of_each_range_before_it_is_read(store: Store,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Readahead hints (Backend.will_need) cover every byte read, each before its read."""
-    manifest = snapshot(store)
-    events: list[tuple[str, str, int, int]] = []
-    backend = store.backend
-    hint, read = backend.will_need, backend.read_range_into
-
-    def will_need(name: str, offset: int, length: int) -> None:
-        events.append(("hint", name, offset, length))
-        hint(name, offset, length)
-
-    def read_range_into(name: str, offset: int, buffer: memoryview) -> int:
-        events.append(("read", name, offset, len(buffer)))
-        return read(name, offset, buffer)
-
-    monkeypatch.setattr(backend, "will_need", will_need)
-    monkeypatch.setattr(backend, "read_range_into", read_range_into)
-    assert {p: bytes(b) for p, b in read_all(store, manifest).items()} == FILES
-    reads = [e[1:] for e in events if e[0] == "read"]
-    assert reads and sorted(reads) == sorted(e[1:] for e in events if e[0] == "hint")
-    for name, offset, length in reads:
-        assert events.index(("hint", name, offset, length)) < \
-            events.index(("read", name, offset, length))
-
-
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_damage_raises_naming_the_chunk(store: Store, damage: str) -> None:
     manifest = snapshot(store)
