@@ -1,6 +1,7 @@
 """A directory shaped like CRIU's images, written byte by byte, for tests that run without
 CRIU (the spool and the uploader: they read only ``stats-dump``, ``files.img`` and page
-images). Not a restorable dump; the integration tests use real ones."""
+images). Not a restorable dump; the integration tests use real ones. ``varint``, ``field``
+and ``image`` write CRIU's protobuf-in-image wire format for other tests too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from cairn.process import images as I
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -23,13 +24,13 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, value: int | bytes) -> bytes:
+def field(number: int, value: int | bytes) -> bytes:
     if isinstance(value, bytes):
-        return _varint(number << 3 | 2) + _varint(len(value)) + value
-    return _varint(number << 3) + _varint(value)
+        return varint(number << 3 | 2) + varint(len(value)) + value
+    return varint(number << 3) + varint(value)
 
 
-def _image(path: Path, magic: int, messages: list[bytes]) -> None:
+def image(path: Path, magic: int, messages: list[bytes]) -> None:
     body = b"".join(struct.pack("<I", len(m)) + m for m in messages)
     path.write_bytes(struct.pack("<II", I.IMG_COMMON_MAGIC, magic) + body)
 
@@ -40,14 +41,14 @@ def fake_dump(image_dir: str | os.PathLike[str], *, appended: dict[str, int] | N
     that position, as CRIU records a log), ``pages-1.img`` and a ``dump.log``."""
     d = Path(image_dir)
     d.mkdir(parents=True, exist_ok=True)
-    stats = b"".join(_field(n, v) for n, v in [(1, 5), (2, frozen_us), (3, 7), (4, 8),
+    stats = b"".join(field(n, v) for n, v in [(1, 5), (2, frozen_us), (3, 7), (4, 8),
                                                (5, 100), (6, 0), (7, 90), (9, 0)])
-    _image(d / "stats-dump", I.STATS_MAGIC, [_field(1, stats)])
+    image(d / "stats-dump", I.STATS_MAGIC, [field(1, stats)])
     messages = []
     for index, (path, pos) in enumerate(sorted((appended or {}).items()), start=3):
-        reg = _field(1, index) + _field(2, 0o102001) + _field(3, pos) + _field(6, path.encode())
-        messages.append(_field(1, 1) + _field(2, index) + _field(3, reg))
-    _image(d / "files.img", I.FILES_MAGIC, messages)
+        reg = field(1, index) + field(2, 0o102001) + field(3, pos) + field(6, path.encode())
+        messages.append(field(1, 1) + field(2, index) + field(3, reg))
+    image(d / "files.img", I.FILES_MAGIC, messages)
     (d / "pages-1.img").write_bytes(pages if pages is not None else os.urandom(3 * I.PAGE_SIZE))
     (d / "dump.log").write_text("(00.000001) Dumping finished successfully\n")
     return d

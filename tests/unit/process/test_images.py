@@ -3,35 +3,12 @@ enough to write; real images are read in the integration tests)."""
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import pytest
 
 from cairn.process import images as I
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, value: int | bytes) -> bytes:
-    if isinstance(value, bytes):
-        return _varint(number << 3 | 2) + _varint(len(value)) + value
-    return _varint(number << 3) + _varint(value)
-
-
-def _image(path: Path, magic: int, messages: list[bytes]) -> None:
-    body = b"".join(struct.pack("<I", len(m)) + m for m in messages)
-    path.write_bytes(struct.pack("<II", I.IMG_COMMON_MAGIC, magic) + body)
+from tests.support.fake_dump import field, image
 
 
 def test_pagemap_runs_and_cuts_follow_regions_and_addresses(tmp_path: Path) -> None:
@@ -39,8 +16,8 @@ def test_pagemap_runs_and_cuts_follow_regions_and_addresses(tmp_path: Path) -> N
     runs = [(0x10000, 2, I.PE_PRESENT),  # 64K-aligned
             (0x7F0000001000, 20, I.PE_PRESENT | I.PE_LAZY),  # starts one page past a 32K line
             (0x90000, 3, I.PE_PARENT)]  # not in this image
-    _image(tmp_path / "pagemap-7.img", I.PAGEMAP_MAGIC,
-           [_field(1, 4)] + [_field(1, v) + _field(2, n) + _field(4, f) for v, n, f in runs])
+    image(tmp_path / "pagemap-7.img", I.PAGEMAP_MAGIC,
+           [field(1, 4)] + [field(1, v) + field(2, n) + field(4, f) for v, n, f in runs])
     pages_id, parsed = I.read_pagemap(tmp_path / "pagemap-7.img")
     assert pages_id == 4
     assert [(r.vaddr, r.nr_pages, r.present) for r in parsed] == [
@@ -53,30 +30,30 @@ def test_pagemap_runs_and_cuts_follow_regions_and_addresses(tmp_path: Path) -> N
 
 
 def test_old_pagemap_without_flags_uses_in_parent(tmp_path: Path) -> None:
-    _image(tmp_path / "pagemap-1.img", I.PAGEMAP_MAGIC,
-           [_field(1, 1), _field(1, 0x1000) + _field(2, 1),
-            _field(1, 0x5000) + _field(2, 1) + _field(3, 1)])
+    image(tmp_path / "pagemap-1.img", I.PAGEMAP_MAGIC,
+           [field(1, 1), field(1, 0x1000) + field(2, 1),
+            field(1, 0x5000) + field(2, 1) + field(3, 1)])
     _, runs = I.read_pagemap(tmp_path / "pagemap-1.img")
     assert [r.present for r in runs] == [True, False]
 
 
 def test_dump_stats_and_reg_files(tmp_path: Path) -> None:
-    dump = b"".join(_field(n, v) for n, v in [(1, 5), (2, 1234), (3, 7), (4, 8), (5, 100),
+    dump = b"".join(field(n, v) for n, v in [(1, 5), (2, 1234), (3, 7), (4, 8), (5, 100),
                                               (6, 0), (7, 90), (9, 0)])
-    _image(tmp_path / "stats-dump", I.STATS_MAGIC, [_field(1, dump)])
+    image(tmp_path / "stats-dump", I.STATS_MAGIC, [field(1, dump)])
     stats = I.read_dump_stats(tmp_path)
     assert (stats.frozen_us, stats.freezing_us, stats.pages_written) == (1234, 5, 90)
 
-    reg_append = _field(1, 3) + _field(2, 0o102001) + _field(3, 47) + _field(6, b"/tmp/log")
-    reg_sized = (_field(1, 4) + _field(2, 0o100001) + _field(3, 10) + _field(6, b"/tmp/out")
-                 + _field(8, 279))
-    usk = _field(1, 9) + _field(2, 77) + _field(11, b"/tmp/pymp-x/listener")
-    abstract = _field(1, 10) + _field(11, b"\0abstract")
-    _image(tmp_path / "files.img", I.FILES_MAGIC,
-           [_field(1, 1) + _field(2, 3) + _field(3, reg_append),
-            _field(1, 1) + _field(2, 4) + _field(3, reg_sized),
-            _field(1, 5) + _field(2, 9) + _field(16, usk),
-            _field(1, 5) + _field(2, 10) + _field(16, abstract)])
+    reg_append = field(1, 3) + field(2, 0o102001) + field(3, 47) + field(6, b"/tmp/log")
+    reg_sized = (field(1, 4) + field(2, 0o100001) + field(3, 10) + field(6, b"/tmp/out")
+                 + field(8, 279))
+    usk = field(1, 9) + field(2, 77) + field(11, b"/tmp/pymp-x/listener")
+    abstract = field(1, 10) + field(11, b"\0abstract")
+    image(tmp_path / "files.img", I.FILES_MAGIC,
+           [field(1, 1) + field(2, 3) + field(3, reg_append),
+            field(1, 1) + field(2, 4) + field(3, reg_sized),
+            field(1, 5) + field(2, 9) + field(16, usk),
+            field(1, 5) + field(2, 10) + field(16, abstract)])
     files = I.read_reg_files(tmp_path)
     assert [(f.name, f.pos, f.size) for f in files] == [("/tmp/log", 47, None),
                                                         ("/tmp/out", 10, 279)]
@@ -84,7 +61,7 @@ def test_dump_stats_and_reg_files(tmp_path: Path) -> None:
 
 
 def test_wrong_magic_and_truncation_are_refused(tmp_path: Path) -> None:
-    _image(tmp_path / "x.img", I.STATS_MAGIC, [b"\x08\x01"])
+    image(tmp_path / "x.img", I.STATS_MAGIC, [b"\x08\x01"])
     with pytest.raises(I.ImageError, match="magic"):
         I.entries(tmp_path / "x.img", magic=I.PAGEMAP_MAGIC)
     data = (tmp_path / "x.img").read_bytes()
