@@ -11,7 +11,8 @@ Every cairn operator takes the same four options:
   make the next one fall back past it (then to a fresh start);
 - ``max_preemptions``: a try preempted with its final snapshot committed (SIGTERM from a node
   shutdown or a spot reclaim reaching the task) raises ``AirflowRescheduleException``: the task
-  goes ``up_for_reschedule`` and runs again after ``retry_delay`` **without consuming a retry**
+  goes ``up_for_reschedule`` and runs again after ``retry_delay`` (at least 15 s, see
+  :data:`MIN_RESCHEDULE_DELAY`) **without consuming a retry**
   (Airflow keeps the try number), this many times per key; then preemptions are retried as
   usual. A try that is SIGKILLed never gets to say so and consumes a retry.
 
@@ -33,6 +34,12 @@ if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this modul
 log = logging.getLogger(__name__)
 
 DEFAULT_RESCHEDULE_DELAY = timedelta(seconds=30)
+# The rescheduled run has the same try number as the one that just ended. If it is already
+# scheduled or queued when the scheduler reads the executor's "finished" event of the first
+# run, Airflow 3.3 takes it for a task killed externally and fails it into a retry, which then
+# fences the rescheduled run (seen here with a 2 s delay). The event is read within a scheduler
+# loop or two; 15 s keeps the rescheduled run clear of it.
+MIN_RESCHEDULE_DELAY = timedelta(seconds=15)
 
 
 def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
@@ -89,6 +96,7 @@ def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
             f"max_error_retries={policy.max_error_retries}; not retrying ({error})") from error
     if verdict is AfterTry.RESCHEDULE:
         wait = delay if delay is not None and delay.total_seconds() > 0 else DEFAULT_RESCHEDULE_DELAY
+        wait = max(wait, MIN_RESCHEDULE_DELAY)
         log.warning("cairn: preempted with the final snapshot committed; rescheduling in %s "
                     "without consuming a retry (%d of max_preemptions=%d)", wait,
                     plan.preemptions + 1, policy.max_preemptions)

@@ -485,10 +485,17 @@ def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(kubeconfig_for
                                                                   store_url: str) -> None:
     from airflow.sdk.exceptions import AirflowRescheduleException
 
+    from datetime import datetime, timezone
+
+    from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
+
+    before = datetime.now(tz=timezone.utc)
     with pytest.raises(AirflowRescheduleException) as raised:
         cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=75, reason="Error"),
                       max_preemptions=1, retry_delay=timedelta(seconds=7))
     assert isinstance(raised.value.__cause__, Preempted)
+    # Never sooner than the floor (a 7 s retry_delay is raised to it).
+    assert raised.value.reschedule_date >= before + MIN_RESCHEDULE_DELAY
     # max_preemptions spent: the next preemption is a plain (retried) Preempted.
     with pytest.raises(Preempted):
         cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=75, reason="Error"),
