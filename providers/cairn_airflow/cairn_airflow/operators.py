@@ -41,7 +41,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
+from cairn_airflow.resume import is_control_flow, plan_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,8 @@ class CairnPythonOperator(PythonOperator):
                 self._close_after(ckpt, error)
                 self._push_metadata(context, ckpt, config.url, key, done=False,
                                     plan_reason=plan.reason)
+                if is_control_flow(error):
+                    raise  # a skip or a deferral: not how the step ended, nor an error of it
                 record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
                 if isinstance(error, Exception):
                     raise_verdict(plan, self.resume_policy, error, delay=self.retry_delay)

@@ -79,6 +79,18 @@ def plan_try(url: str, key: Any, policy: ResumePolicy) -> ResumePlan:
     return plan
 
 
+def is_control_flow(error: BaseException) -> bool:
+    """Whether ``error`` is Airflow's control flow raised by the task itself (a skip, a
+    deferral, a reschedule), which must pass through untouched and count as no error."""
+    from airflow.sdk.exceptions import (
+        AirflowRescheduleException,
+        AirflowSkipException,
+        TaskDeferred,
+    )
+
+    return isinstance(error, (AirflowSkipException, AirflowRescheduleException, TaskDeferred))
+
+
 def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
                   delay: timedelta | None) -> None:
     """Called with the error a try ended with, before it is re-raised: raise what Airflow must

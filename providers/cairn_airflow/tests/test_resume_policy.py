@@ -115,3 +115,24 @@ def test_a_preemption_reschedules_without_consuming_a_retry(
     assert ti.try_number == 1  # retries=0: only a reschedule could have run it again
     assert airflow.xcom(run, "train") == {"start": 13, "try": 1}
     assert _outcomes(cairn_store, run) == ["preempted", "succeeded"]
+
+
+def test_a_skip_is_neither_an_error_nor_an_outcome(airflow, cairn_store: Path,
+                                                  one_thread: None) -> None:
+    """AirflowSkipException raised by the callable passes through: the task is skipped, even
+    with max_error_retries=0, and no failure is recorded against the step."""
+    from airflow.sdk import DAG, task
+
+    with DAG("cairn_policy_skip", schedule=None) as dag:
+        @task.cairn(every_steps=EVERY, retries=2, max_error_retries=0)
+        def train(ckpt):
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            ckpt.restore()
+            raise AirflowSkipException("nothing to train today")
+
+        train()
+
+    run = airflow.run(dag)
+    assert airflow.task_instances(run)["train"].state == "skipped"
+    assert _outcomes(cairn_store, run) == []
