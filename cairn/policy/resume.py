@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
@@ -167,6 +167,6 @@ def parse_seqs(text: str, *, source: str = "the seq list") -> frozenset[int]:
     return seqs
 
 
-def format_seqs(seqs: Collection[int] | Iterable[int]) -> str:
+def format_seqs(seqs: Iterable[int]) -> str:
     """The inverse of :func:`parse_seqs`, sorted."""
     return ",".join(str(seq) for seq in sorted(seqs))

@@ -17,13 +17,6 @@ from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_eff
 
 log = logging.getLogger(__name__)
 
-# cairn run's exit codes for the same endings (cairn/process/supervisor.py), so that whatever
-# reads a container's exit code maps both modes alike.
-EXIT_PREEMPTED_SAVED = 75
-EXIT_PREEMPTED_KEPT = 76
-EXIT_FENCED = 5
-
-
 def outcome_kind(error: BaseException | None) -> OutcomeKind:
     """The outcome a try that ended with ``error`` (None: it succeeded) is recorded as."""
     if error is None:
@@ -37,7 +30,10 @@ def outcome_kind(error: BaseException | None) -> OutcomeKind:
 
 def exit_code(error: BaseException) -> int | None:
     """``cairn run``'s exit code for a preemption (75: final snapshot committed, 76: not) or a
-    fence (5); None for any other error."""
+    fence (5); None for any other error. The same codes in both modes, so that whatever reads a
+    container's exit code maps them alike."""
+    from cairn.process.supervisor import EXIT_FENCED, EXIT_PREEMPTED_KEPT, EXIT_PREEMPTED_SAVED
+
     if isinstance(error, Preempted):
         return EXIT_PREEMPTED_SAVED if error.seq is not None else EXIT_PREEMPTED_KEPT
     if isinstance(error, Fenced):

@@ -44,9 +44,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.operators import XCOM_KEY, _environ, task_key
-from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
+from cairn_airflow.hooks import (
+    DEFAULT_CONN_ID,
+    StoreConfig,
+    operator_store_config,
+    scoped_environ,
+)
+from cairn_airflow.operators import XCOM_KEY, task_key
+from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +180,8 @@ class CairnRunOperator(BaseOperator):
         key = task_key(context)
         config = self.store_config()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        with _environ(config.env):
-            plan = plan_try(config.url, key, self.resume_policy)
+        with scoped_environ(config.env):
+            plan = plan_try(read_history(config.url, key), self.resume_policy)
         argv = self.cairn_argv(config.url, key, plan.exclude)
         log.info("cairn: running %s", " ".join(argv))
         env = {**os.environ, **config.env, **self.env}

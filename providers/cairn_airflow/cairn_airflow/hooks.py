@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,22 @@ def store_config_from_connection(conn: Any) -> StoreConfig:
     return StoreConfig(url=url, env=env, source=f"connection {conn.conn_id!r}")
 
 
+@contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` inside the block, the previous values back afterwards
+    (the process's environment: one task per process, no other thread may rely on it)."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def operator_store_config(*, store_url: str | None, cairn_conn_id: str) -> StoreConfig:
     """The store an operator uses: its own ``store_url`` when given, else the connection."""
     if store_url:
@@ -127,17 +144,8 @@ class CairnHook(BaseHook):
 
         try:
             config = self.store_config()
-            previous = {k: os.environ.get(k) for k in config.env}
-            os.environ.update(config.env)
-            try:
-                with open_store(config.url, create=False):
-                    pass
-            finally:
-                for k, v in previous.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+            with scoped_environ(config.env), open_store(config.url, create=False):
+                pass
         except (CairnError, OSError) as e:
             return False, str(e)
         return True, f"cairn store {config.url} is reachable"

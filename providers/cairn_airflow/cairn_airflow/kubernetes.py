@@ -61,9 +61,14 @@ from airflow.policies import hookimpl
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.operators import _environ, task_key
-from cairn_airflow.resume import plan_try, raise_verdict, resume_policy
+from cairn_airflow.hooks import (
+    DEFAULT_CONN_ID,
+    StoreConfig,
+    operator_store_config,
+    scoped_environ,
+)
+from cairn_airflow.operators import task_key
+from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -447,20 +452,10 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
         dag_id = self.dag_id if self.has_dag() else "dag"
         return Key((dag_id, self.task_id, "dry-run", "-1"))
 
-    def decide_placement(self, store: StoreConfig, key: Any) -> Any:
-        """:func:`cairn.policy.decide` over ``placement`` with the step's history in the store
-        (an empty history when the store does not exist yet)."""
-        from cairn.exceptions import NotFound
-        from cairn.policy import History, PolicySettings, decide
-        from cairn.store import open_store
+    def decide_placement(self, history: Any, key: Any) -> Any:
+        """:func:`cairn.policy.decide` over ``placement`` with the step's ``history``."""
+        from cairn.policy import PolicySettings, decide
 
-        history = History()
-        with _environ(store.env):
-            try:
-                with open_store(store.url, create=False) as s:
-                    history = History.from_store(s, key)
-            except NotFound:
-                log.info("cairn: no store at %s yet: placing without history", store.url)
         decision = decide(self.placement, history, deadline=self.deadline,
                           settings=self.policy_settings or PolicySettings())
         log.info("cairn placement for %s: %s", key, decision.reason)
@@ -479,12 +474,13 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
     def plan(self, context: Any) -> PodPlan:
         store = self.store_config()
         key = self._key(context)
-        placement = self.decide_placement(store, key) if self.placement else None
+        history = None
+        if self.placement or context is not None:  # one read serves placement and resume
+            with scoped_environ(store.env):
+                history = read_history(store.url, key)
+        placement = self.decide_placement(history, key) if self.placement else None
         every = placement.every if placement is not None else str(self.every)
-        resume = None
-        if context is not None:
-            with _environ(store.env):
-                resume = plan_try(store.url, key, self.resume_policy)
+        resume = plan_try(history, self.resume_policy) if context is not None else None
         return PodPlan(store=store, key=key, every=every, placement=placement,
                        image=self._pinned_image(context), resume=resume)
 
@@ -618,7 +614,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
         try:
             from cairn.store import open_store
 
-            with _environ(plan.store.env), open_store(plan.store.url, create=False) as store:
+            with scoped_environ(plan.store.env), open_store(plan.store.url, create=False) as store:
                 outcome = record_pod_outcome(store, plan.key, remote_pod,
                                              self.base_container_name, placement=plan.placement)
             if outcome is not None:

@@ -68,7 +68,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.kubernetes import CairnKubernetesPodOperator
-from cairn_airflow.operators import checkpointer_parameter
+from cairn_airflow.operators import checkpointer_options_with, checkpointer_parameter
 
 POD_EXAMPLE = ('pod={"image": "REPO/IMAGE:TAG", "sidecar_image": "REPO/cairn-sidecar:TAG", '
                '"namespace": "NAMESPACE"}')
@@ -272,19 +272,8 @@ class _CairnKubernetesDecoratedOperator(_KubernetesDecoratedOperator, CairnKuber
                  **kwargs: Any) -> None:
         if mode != "state":
             raise ConfigError(f"mode={mode!r}: {RESERVED['mode']}")
-        if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
-            raise ConfigError("every_steps must be an integer of at least 1")
-        if every_seconds is not None and every_seconds <= 0:
-            raise ConfigError("every_seconds must be positive")
-        options = dict(checkpointer_options or {})
-        clash = {"store", "key", "every_steps", "every_seconds"} & set(options)
-        if clash:
-            raise ConfigError(f"checkpointer_options must not set {sorted(clash)}: the pod's "
-                              "environment names the store and key; use every_steps/every_seconds")
-        if every_steps is not None:
-            options["every_steps"] = every_steps
-        if every_seconds is not None:
-            options["every_seconds"] = every_seconds
+        options = checkpointer_options_with(every_steps=every_steps, every_seconds=every_seconds,
+                                            options=checkpointer_options)
         self._cairn_options_json = _options_json(options)
         self.ckpt_parameter = checkpointer_parameter(python_callable)
         if self.ckpt_parameter is not None and self.ckpt_parameter in (op_kwargs or {}):

@@ -30,18 +30,27 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
-from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
-from cairn_airflow.resume import is_control_flow, plan_try, raise_verdict, resume_policy
+from cairn_airflow.hooks import (
+    DEFAULT_CONN_ID,
+    StoreConfig,
+    operator_store_config,
+    scoped_environ,
+)
+from cairn_airflow.resume import (
+    is_control_flow,
+    plan_try,
+    raise_verdict,
+    read_history,
+    resume_policy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +112,28 @@ def hide_checkpointer(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def checkpointer_options_with(*, every_steps: int | None, every_seconds: float | None,
+                              options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Checkpointer's keyword arguments besides the store, key and excluded snapshots
+    (which cairn sets): ``options`` plus the snapshot interval. Raises ConfigError naming the
+    fix for a bad interval or an option cairn sets itself."""
+    if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
+        raise ConfigError("every_steps must be an integer of at least 1")
+    if every_seconds is not None and every_seconds <= 0:
+        raise ConfigError("every_seconds must be positive")
+    merged = dict(options or {})
+    clash = {"store", "key", "every_steps", "every_seconds", "exclude_seqs"} & set(merged)
+    if clash:
+        raise ConfigError(f"checkpointer_options must not set {sorted(clash)}: cairn sets the "
+                          "store, the key and the excluded snapshots; use every_steps/"
+                          "every_seconds")
+    if every_steps is not None:
+        merged["every_steps"] = every_steps
+    if every_seconds is not None:
+        merged["every_seconds"] = every_seconds
+    return merged
+
+
 def task_key(context: Mapping[str, Any]) -> Any:
     """The cairn key of the running task instance: ``(dag_id, task_id, run_id, map_index)``."""
     from cairn.store import Key
@@ -110,20 +141,6 @@ def task_key(context: Mapping[str, Any]) -> Any:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", None)
     return Key((ti.dag_id, ti.task_id, ti.run_id, str(-1 if map_index is None else map_index)))
-
-
-@contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    previous = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class CairnPythonOperator(PythonOperator):
@@ -153,16 +170,8 @@ class CairnPythonOperator(PythonOperator):
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
                                            loop_guard=loop_guard, max_preemptions=max_preemptions)
-        if every_steps is not None and (not isinstance(every_steps, int) or every_steps < 1):
-            raise ConfigError("every_steps must be an integer of at least 1")
-        if every_seconds is not None and every_seconds <= 0:
-            raise ConfigError("every_seconds must be positive")
-        options = dict(checkpointer_options or {})
-        clash = {"store", "key", "every_steps", "every_seconds", "exclude_seqs"} & set(options)
-        if clash:
-            raise ConfigError(f"checkpointer_options must not set {sorted(clash)}: the operator "
-                              "sets the store, key and excluded snapshots; use its "
-                              "every_steps/every_seconds")
+        options = checkpointer_options_with(every_steps=every_steps, every_seconds=every_seconds,
+                                            options=checkpointer_options)
         self.ckpt_parameter = checkpointer_parameter(python_callable)
         if self.ckpt_parameter is not None and self.ckpt_parameter in (self.op_kwargs or {}):
             raise ConfigError(f"op_kwargs must not set {self.ckpt_parameter!r}: cairn passes the "
@@ -172,7 +181,8 @@ class CairnPythonOperator(PythonOperator):
         self.keep_snapshots = keep_snapshots
         self.cairn_conn_id = cairn_conn_id
         self.store_url = store_url
-        self.checkpointer_options = options
+        self.checkpointer_options = dict(checkpointer_options or {})
+        self._checkpointer_kwargs = options
         self._cairn_ckpt: Any = None
 
     def store_config(self) -> StoreConfig:
@@ -196,9 +206,9 @@ class CairnPythonOperator(PythonOperator):
         config = self.store_config()
         started_at = time.time()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        with _environ(config.env):
-            plan = plan_try(config.url, key, self.resume_policy)
-        with _environ(self.cairn_env(config, key, plan.exclude)):
+        with scoped_environ(config.env):
+            plan = plan_try(read_history(config.url, key), self.resume_policy)
+        with scoped_environ(self.cairn_env(config, key, plan.exclude)):
             ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key, plan.exclude)
             try:
                 result = super().execute(context)
@@ -239,12 +249,7 @@ class CairnPythonOperator(PythonOperator):
             return None
         from cairn.state.checkpointer import Checkpointer
 
-        options = dict(self.checkpointer_options)
-        if self.every_steps is not None:
-            options["every_steps"] = self.every_steps
-        if self.every_seconds is not None:
-            options["every_seconds"] = self.every_seconds
-        return Checkpointer(store=url, key=key, exclude_seqs=exclude, **options)
+        return Checkpointer(store=url, key=key, exclude_seqs=exclude, **self._checkpointer_kwargs)
 
     @staticmethod
     def _close_after(ckpt: Any, error: BaseException) -> None:

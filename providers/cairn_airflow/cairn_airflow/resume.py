@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.exceptions import ConfigError
 
 if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this module everywhere
+    from cairn.policy import History
     from cairn.policy.resume import ResumeOn, ResumePlan, ResumePolicy
 
 log = logging.getLogger(__name__)
@@ -54,23 +55,29 @@ def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
                         loop_guard=loop_guard, max_preemptions=max_preemptions)
 
 
-def plan_try(url: str, key: Any, policy: ResumePolicy) -> ResumePlan:
-    """Read ``key``'s history in the store and plan this try; raises ``AirflowFailException``
-    (no retry) when the policy says the step must not run again. The store's credentials must
-    be in the environment."""
-    from airflow.sdk.exceptions import AirflowFailException
-
+def read_history(url: str, key: Any) -> History:
+    """``key``'s tries and outcome records in the store at ``url``; empty when the store does
+    not exist yet (the first try creates it). The store's credentials must be in the
+    environment."""
     from cairn.exceptions import NotFound
     from cairn.policy import History
-    from cairn.policy.resume import plan_resume
     from cairn.store import open_store
 
-    history = History()
     try:
         with open_store(url, create=False) as store:
-            history = History.from_store(store, key)
+            return History.from_store(store, key)
     except NotFound:
-        pass  # no store yet: the first try creates it
+        log.info("cairn: no store at %s yet: no history", url)
+        return History()
+
+
+def plan_try(history: History, policy: ResumePolicy) -> ResumePlan:
+    """Plan this try from the step's ``history``; raises ``AirflowFailException`` (no retry)
+    when the policy says the step must not run again."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cairn.policy.resume import plan_resume
+
     plan = plan_resume(history, policy)
     log.info("cairn: resume plan: %s", plan.reason)
     if plan.give_up:
