@@ -53,10 +53,17 @@ What is measured:
   optimizer, ``Checkpointer(store=..., key=...).restore(model=, optimizer=)``, which checks
   every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both, and
   ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. All three restore the same state
-  (saved last, unchanged) and are checked against the live model and optimizer.
+  (saved last, unchanged) and are checked against the live model and optimizer. Each side
+  starts ``--settle`` seconds (default 4) after the cache drop: where the VM hands freed
+  memory back to its host (free page reporting, as on the 2-core dev VM), memory freed a
+  moment ago is cheap to touch again and memory freed seconds ago costs about 1.3 s per GB,
+  so without the pause the side that runs right after another one freed its 1.5 GB gets
+  cheap memory by luck of the rotation. After the pause every side meets the memory a fresh
+  process meets after a preemption.
 * **bytes written** for a fine-tune with >= 90% of the parameters (by element count) frozen
   (``requires_grad=False``, Adam over the rest): snapshot, one training step, snapshot; the
-  second snapshot's ``Manifest.bytes_written`` against the floor: the bytes of the tensors
+  second snapshot's bytes written (``Manifest.bytes_written`` plus ``padding_bytes``, the
+  zeros that align large chunks in their packs) against the floor: the bytes of the tensors
   (model, optimizer, torch and numpy RNG states) that changed between the two snapshots.
 * **step time**: training steps (batch ``--batch`` x ``--seq`` tokens) with no persist
   against steps taken while the writer process persists a snapshot (the steps that start
@@ -463,7 +470,7 @@ def check_restored(model: nn.Module, opt: torch.optim.Optimizer, live: nn.Module
 
 
 def restore_rounds(sources: dict[str, str], cfg: ModelConfig, live: nn.Module,
-                   live_opt: torch.optim.Optimizer, runs: int,
+                   live_opt: torch.optim.Optimizer, runs: int, settle_s: float,
                    log: Callable[[str], None]) -> tuple[dict[str, list[float]], bool]:
     target = GPT(cfg)
     cold = True
@@ -499,6 +506,7 @@ def restore_rounds(sources: dict[str, str], cfg: ModelConfig, live: nn.Module,
             gc.collect()
             if not drop_caches():
                 cold = False
+            time.sleep(settle_s)
             start = time.perf_counter()
             fn(opt)
             seconds = time.perf_counter() - start
@@ -562,9 +570,11 @@ def frozen_bytes(cfg: ModelConfig, args: argparse.Namespace, root: str) -> dict[
             changed += tensor.numel() * tensor.element_size()
     state_bytes = sum(t.numel() * t.element_size() for t in after.values())
     return {"frozen_fraction": round(frozen / total, 4), "params": total,
-            "state_bytes": state_bytes, "first_bytes_written": first.bytes_written,
-            "bytes_written": second.bytes_written, "floor_bytes": changed,
-            "frozen90_vs_floor": round(second.bytes_written / changed, 4)}
+            "state_bytes": state_bytes,
+            "first_bytes_written": first.bytes_written + first.padding_bytes,
+            "bytes_written": second.bytes_written + second.padding_bytes,
+            "padding_bytes": second.padding_bytes, "floor_bytes": changed,
+            "frozen90_vs_floor": round((second.bytes_written + second.padding_bytes) / changed, 4)}
 
 
 def persist_step_slowdown(ckpt: Checkpointer, trainer: Trainer, runs: int, base_steps: int,
@@ -654,6 +664,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="steps per side of the amortized comparison (default 100)")
     parser.add_argument("--snapshot-every", type=int, default=50,
                         help="snapshot interval in steps for the amortized comparison")
+    parser.add_argument("--settle", type=float, default=4.0,
+                        help="seconds between the cache drop and each timed restore (default 4)")
     parser.add_argument("--no-dcp-process", action="store_true",
                         help="skip the dcp_async configurations with a PROCESS executor")
     parser.add_argument("--skip-steps", action="store_true",
@@ -758,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         log("restore (page cache dropped before each):")
         restores, cold = restore_rounds(
             {"cairn": source.path, "torch_load": torch_path, "dcp_load": dcp_path}, cfg,
-            model, opt, args.runs, log)
+            model, opt, args.runs, args.settle, log)
         remove(torch_path)
         remove(dcp_path)
 
@@ -830,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(f'{v:.3f}' for v in values)}")
     print()
     print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
-          f"{frozen['bytes_written'] / 1e6:.1f} MB; changed tensors "
+          f"{frozen['bytes_written'] / 1e6:.1f} MB (padding {frozen['padding_bytes'] / 1e3:.0f} kB); "
+          "changed tensors "
           f"{frozen['floor_bytes'] / 1e6:.1f} MB (state {frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
           f"{frozen['first_bytes_written'] / 1e6:.1f} MB)")
     if steps:

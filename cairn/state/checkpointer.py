@@ -77,6 +77,7 @@ from cairn.state.triggers import (
     young_daly_interval,
 )
 from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store, open_store
+from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
 from cairn.store.slotlog import RecordKind
 
 log = logging.getLogger(__name__)
@@ -182,9 +183,16 @@ def _empty_array(header: ArrayHeader, *, seq: int) -> Any:
     if math.prod(header.shape) * dtype.itemsize != header.nbytes:
         raise CorruptSnapshot(f"seq {seq}: header {header} is inconsistent: shape and dtype do "
                               f"not make {header.nbytes} bytes", seq=seq)
+    if header.nbytes < DIRECT_IO_MIN:
+        if header.kind == "numpy":
+            return np.empty(header.shape, dtype=dtype)
+        return torch.empty(header.shape, dtype=dtype)
+    # Page-aligned, so that a local store reads it with O_DIRECT; the array owns the mapping.
+    memory = aligned_buffer(header.nbytes)
     if header.kind == "numpy":
-        return np.empty(header.shape, dtype=dtype)
-    return torch.empty(header.shape, dtype=dtype)
+        return np.frombuffer(memory, dtype=dtype, count=math.prod(header.shape)).reshape(header.shape)
+    raw = torch.frombuffer(memory, dtype=torch.uint8, count=header.nbytes)
+    return raw.view(dtype).reshape(header.shape)
 
 
 def _byte_view(array: Any) -> memoryview:

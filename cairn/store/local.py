@@ -25,6 +25,7 @@ from cairn.exceptions import (
     StoreError,
     UnsupportedFilesystem,
 )
+from cairn.store.aligned import DIRECT_IO_ALIGN, aligned_buffer, direct_length
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
 from cairn.store.fileops import FileOps, OsFileOps
 
@@ -85,6 +86,7 @@ class LocalBackend(Backend):
         # Directories whose entry in their parent is known to be durable.
         self._durable_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
+        self._direct_io = True  # until the filesystem refuses O_DIRECT
         if create:
             self._make_root(root)
         elif not os.path.isdir(root):
@@ -191,18 +193,53 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
+        """See :meth:`Backend.read_range_into`. A large read at an aligned offset into
+        aligned memory bypasses the page cache (``O_DIRECT``, :mod:`cairn.store.aligned`)
+        where the filesystem allows it; other reads go through the cache, without readahead
+        (a reader asks for exactly the ranges it needs)."""
+        path = self._path(name)
+        if self._direct_io and direct_length(offset, buffer):
+            got = self._read_direct(path, name, offset, buffer)
+            if got is not None:
+                return got
         try:
-            fd = os.open(self._path(name), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotFound(f"{name} does not exist in {self.url}") from None
         try:
-            got = 0
-            while got < len(buffer):
-                n = os.preadv(fd, [buffer[got:]], offset + got)
-                if n == 0:
-                    break
-                got += n
-            return got
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            return _pread_into(fd, buffer, offset)
+        finally:
+            os.close(fd)
+
+    def _read_direct(self, path: str, name: str, offset: int, buffer: memoryview) -> int | None:
+        """Read with ``O_DIRECT``: the aligned bulk straight into ``buffer``, an unaligned
+        tail through one aligned block of bounce memory. None (and no more direct reads from
+        this backend) where the filesystem refuses it."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+        except FileNotFoundError:
+            raise NotFound(f"{name} does not exist in {self.url}") from None
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self._direct_io = False  # tmpfs before Linux 6.6, some FUSE and overlay mounts
+            return None
+        try:
+            bulk = len(buffer) - len(buffer) % DIRECT_IO_ALIGN
+            got = _pread_into(fd, buffer[:bulk], offset)
+            if got < bulk or got == len(buffer):
+                return got  # the object ended inside the bulk, or there is no tail
+            block = memoryview(aligned_buffer(DIRECT_IO_ALIGN))
+            tail = min(_pread_into(fd, block, offset + got), len(buffer) - got)
+            buffer[got:got + tail] = block[:tail]
+            return got + tail
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # A device whose blocks are larger than DIRECT_IO_ALIGN: read through the cache.
+            self._direct_io = False
+            return None
         finally:
             os.close(fd)
 
@@ -335,6 +372,17 @@ class _LocalBlobWriter(BlobWriter):
                 self._ops.unlink(self._temp)
             except FileNotFoundError:
                 pass
+
+
+def _pread_into(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill ``buffer`` from ``offset``; fewer bytes only at the end of the file."""
+    got = 0
+    while got < len(buffer):
+        n = os.preadv(fd, [buffer[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def _drop_cached_pages(fd: int) -> None:

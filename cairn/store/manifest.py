@@ -83,7 +83,13 @@ class Manifest:
 
     @property
     def bytes_written(self) -> int:
+        """Chunk bytes this snapshot added to the store (after deduplication)."""
         return int(self.metadata.get("bytes_written", 0))
+
+    @property
+    def padding_bytes(self) -> int:
+        """Zero bytes written before chunks to align them in their packs (0 when unrecorded)."""
+        return int(self.metadata.get("padding_bytes", 0))
 
     @property
     def step(self) -> int | None:

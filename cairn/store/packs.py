@@ -3,6 +3,9 @@
 Every chunk lands in a pack: a create-only object of concatenated chunks (default 32 MiB),
 named ``packs/<xx>/<random id>``. Packs keep the object count and the number of fsyncs or
 requests per GiB small on every backend; the manifest records each chunk's pack and offset.
+A chunk of at least :data:`~cairn.store.aligned.DIRECT_IO_MIN` bytes starts at a multiple of
+:data:`~cairn.store.aligned.DIRECT_IO_ALIGN`, after zero padding, so that a local restore can
+read it with ``O_DIRECT``; readers go by the recorded offsets and never see the padding.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN
 from cairn.store.backend import Backend, BlobWriter
 
 PACKS_PREFIX = "packs/"
+_ZEROS = bytes(DIRECT_IO_ALIGN)
 
 
 def new_pack_name() -> str:
@@ -43,6 +48,7 @@ class PackWriter:
         self._current_size = 0
         self._futures: list[Future[None]] = []
         self.created: set[str] = set()
+        self.padding_bytes = 0  # zero bytes written to align chunks, in every pack so far
 
     def add(self, data: memoryview | bytes) -> tuple[str, int]:
         """Append one chunk; returns ``(pack name, offset)``."""
@@ -55,6 +61,11 @@ class PackWriter:
                 self._current_name, self._current = self._open()
             self._current_size = 0
             self.created.add(self._current_name)
+        padding = -self._current_size % DIRECT_IO_ALIGN if len(data) >= DIRECT_IO_MIN else 0
+        if padding:
+            self._current.write(memoryview(_ZEROS)[:padding])
+            self._current_size += padding
+            self.padding_bytes += padding
         offset = self._current_size
         self._current.write(data)
         self._current_size += len(data)

@@ -129,3 +129,19 @@ def test_empty_object(backend: Backend) -> None:
     backend.create("empty", b"")
     assert backend.read("empty") == b""
     assert backend.read_range("empty", 0, 10) == b""
+
+
+def test_read_range_into_large_and_unaligned_ranges(backend: Backend) -> None:
+    # Sizes and offsets on and off 4 KiB boundaries: the local backend reads the aligned
+    # bulk of a large read with O_DIRECT and the rest through the page cache.
+    from cairn.store.aligned import aligned_buffer
+
+    data = os.urandom(300_001)
+    backend.create("packs/ab/big", data)
+    memory = memoryview(aligned_buffer(len(data) + 4096))
+    for offset, length, at in [(0, 262_144, 0), (4096, 290_000, 0), (8192, 300_000, 0),
+                               (3, 100_000, 0), (0, 100_000, 1), (299_000, 5000, 0)]:
+        view = memory[at:at + length]
+        got = backend.read_range_into("packs/ab/big", offset, view)
+        assert got == min(length, len(data) - offset)
+        assert bytes(view[:got]) == data[offset:offset + got]

@@ -1,0 +1,118 @@
+"""Packs align large chunks so a local restore can read them with O_DIRECT, and it does: the
+pages it reads never enter the page cache (checked with ``mincore``, not assumed)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections import defaultdict
+
+import pytest
+
+from cairn.store import Key, Manifest, Store, StoreSettings, open_store
+from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer
+from cairn.store.local import LocalBackend, filesystem_type
+from tests.support.pagecache import evict, resident_pages
+
+KEY = Key(("dag", "train", "run-1", "0"))
+FILES = {  # small and large files, none a multiple of 4 KiB, in the order they are added
+    "a.json": b'{"a": 1}',
+    "tensors/000000": random.Random(1).randbytes(300_001),
+    "tensors/000001": random.Random(2).randbytes(70_001),
+    "tensors/000002": random.Random(3).randbytes(1000),
+    "tensors/000003": random.Random(4).randbytes(200_003),
+}
+
+
+def snapshot(store: Store) -> Manifest:
+    with store.open_attempt(KEY).snapshot() as snap:
+        for path, data in FILES.items():
+            snap.add_bytes(path, data)
+        return snap.commit(step=1)
+
+
+def test_large_chunks_start_aligned_and_small_ones_pack_densely(store: Store) -> None:
+    manifest = snapshot(store)
+    by_pack = defaultdict(list)
+    for chunk in manifest.chunk_refs():
+        by_pack[chunk.pack].append(chunk)
+    padding = 0
+    for pack, chunks in by_pack.items():
+        end = 0
+        for chunk in sorted(chunks, key=lambda c: c.offset):
+            if chunk.size >= DIRECT_IO_MIN:
+                expected = -(-end // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
+            else:
+                expected = end
+            assert chunk.offset == expected, (pack, chunk)
+            padding += chunk.offset - end
+            end = chunk.offset + chunk.size
+        assert store.backend.stat(pack).size == end
+    assert padding > 0, "the files were chosen so that some chunk needed padding"
+    assert manifest.padding_bytes == padding
+    assert manifest.bytes_written == sum(len(d) for d in FILES.values())
+
+
+@pytest.fixture()
+def local_store(tmp_path) -> Store:  # noqa: ANN001
+    if filesystem_type(str(tmp_path)) in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip(f"{tmp_path} is on a filesystem whose pages always stay in memory")
+    store = open_store(str(tmp_path / "store"),
+                       settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10))
+    yield store
+    store.close()
+
+
+def read_all(store: Store, manifest: Manifest) -> dict[str, bytes]:
+    buffers = {path: memoryview(aligned_buffer(len(data)))[:len(data)]
+               for path, data in FILES.items()}
+    store.reader(manifest).read_files_into(list(buffers.items()))
+    return {path: bytes(view) for path, view in buffers.items()}
+
+
+def pack_paths(store: Store, manifest: Manifest) -> list[str]:
+    assert isinstance(store.backend, LocalBackend)
+    return sorted({os.path.join(store.backend.root, c.pack) for c in manifest.chunk_refs()})
+
+
+def test_a_local_restore_into_aligned_memory_bypasses_the_page_cache(local_store: Store) -> None:
+    manifest = snapshot(local_store)
+    packs = pack_paths(local_store, manifest)
+    for path in packs:
+        evict(path)
+    assert read_all(local_store, manifest) == FILES
+    small = [c for c in manifest.chunk_refs() if c.size < DIRECT_IO_MIN]
+    # Only the small chunks went through the cache, and no readahead around them.
+    assert 0 < sum(resident_pages(p) for p in packs) <= sum(c.size // 4096 + 2 for c in small)
+    direct = sum(c.size for c in manifest.chunk_refs() if c.size >= DIRECT_IO_MIN)
+
+    # The same read into memory that is not aligned must go through the cache: the check
+    # above can fail.
+    for path in packs:
+        evict(path)
+    for path, data in FILES.items():
+        view = memoryview(bytearray(len(data) + 1))[1:]
+        local_store.reader(manifest).read_files_into([(path, view)])
+        assert bytes(view) == data
+    assert sum(resident_pages(p) for p in packs) * DIRECT_IO_ALIGN >= direct
+
+
+def test_a_filesystem_that_refuses_o_direct_is_read_through_the_cache(
+        local_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Simulates tmpfs before Linux 6.6 or a FUSE mount: open(O_DIRECT) fails with EINVAL.
+    manifest = snapshot(local_store)
+    real_open = os.open
+    refused = []
+
+    def open_refusing_direct(path, flags, *args):  # noqa: ANN001, ANN202
+        if flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("cairn.store.local.os.open", open_refusing_direct)
+    assert read_all(local_store, manifest) == FILES
+    assert len(refused) == 1, "one refusal is remembered: no further O_DIRECT attempts"
+    assert read_all(local_store, manifest) == FILES
+    assert len(refused) == 1
