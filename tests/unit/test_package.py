@@ -1,0 +1,25 @@
+"""The top-level package: ``cairn.Checkpointer`` as the issue's API spells it, without
+importing torch for users of the store or the CLI alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_import_cairn_does_not_import_torch() -> None:
+    code = "import sys, cairn; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_checkpointer_is_reachable_from_the_top() -> None:
+    import cairn
+    from cairn.state.checkpointer import Checkpointer
+
+    assert cairn.Checkpointer is Checkpointer
+    assert "Checkpointer" in cairn.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Checkpointr'"):
+        cairn.Checkpointr  # noqa: B018 - the lookup is the test
