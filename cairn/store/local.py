@@ -25,7 +25,7 @@ from cairn.exceptions import (
     StoreError,
     UnsupportedFilesystem,
 )
-from cairn.store.aligned import DIRECT_IO_ALIGN, aligned_buffer, direct_length
+from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer, direct_length
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
 from cairn.store.fileops import FileOps, OsFileOps
 
@@ -195,8 +195,7 @@ class LocalBackend(Backend):
     def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
         """See :meth:`Backend.read_range_into`. A large read at an aligned offset into
         aligned memory bypasses the page cache (``O_DIRECT``, :mod:`cairn.store.aligned`)
-        where the filesystem allows it; other reads go through the cache, without readahead
-        (a reader asks for exactly the ranges it needs)."""
+        where the filesystem allows it; other reads go through the cache."""
         path = self._path(name)
         if self._direct_io and direct_length(offset, buffer):
             got = self._read_direct(path, name, offset, buffer)
@@ -207,7 +206,10 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             raise NotFound(f"{name} does not exist in {self.url}") from None
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            if len(buffer) < DIRECT_IO_MIN:
+                # One small chunk: readahead would pull in its neighbours, which a restore
+                # reads directly. Large reads keep readahead (it speeds up streaming reads).
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             return _pread_into(fd, buffer, offset)
         finally:
             os.close(fd)
