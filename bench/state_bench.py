@@ -53,13 +53,16 @@ What is measured:
   optimizer, ``Checkpointer(store=..., key=...).restore(model=, optimizer=)``, which checks
   every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both, and
   ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. All three restore the same state
-  (saved last, unchanged) and are checked against the live model and optimizer. Each side
-  starts ``--settle`` seconds (default 4) after the cache drop: where the VM hands freed
-  memory back to its host (free page reporting, as on the 2-core dev VM), memory freed a
-  moment ago is cheap to touch again and memory freed seconds ago costs about 1.3 s per GB,
-  so without the pause the side that runs right after another one freed its 1.5 GB gets
-  cheap memory by luck of the rotation. After the pause every side meets the memory a fresh
-  process meets after a preemption.
+  (saved last, unchanged). Each restore runs in a fresh process, as a retried task would: it
+  builds the model and an empty optimizer, drops the page cache, waits ``--settle`` seconds
+  (default 4), then times the restore alone; the parent checks a digest of the restored
+  model and optimizer against the live ones. Why fresh processes and the pause: the memory a
+  restore fills decides its time on a VM like the 2-core dev VM, where touching memory the
+  guest freed seconds ago costs about 1.3 s per GB (free page reporting hands it back to the
+  host) while memory the process freed a moment ago costs next to nothing. In one process,
+  a side that runs right after itself reuses its own freed heap (``torch.load`` measured 1.0 s
+  that way against 2.8-4.4 s after another side), so the rotation, not the reader, decided
+  the figure.
 * **bytes written** for a fine-tune with >= 90% of the parameters (by element count) frozen
   (``requires_grad=False``, Adam over the rest): snapshot, one training step, snapshot; the
   second snapshot's bytes written (``Manifest.bytes_written`` plus ``padding_bytes``, the
@@ -94,6 +97,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,6 +106,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -453,68 +458,81 @@ def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.op
     return results
 
 
-def check_restored(model: nn.Module, opt: torch.optim.Optimizer, live: nn.Module,
-                   live_opt: torch.optim.Optimizer, side: str) -> None:
-    for (name, a), b in zip(model.state_dict().items(), live.state_dict().values()):
-        if not torch.equal(a, b):
-            raise AssertionError(f"{side}: restored {name} differs from the saved state")
-    restored = list(opt.state.values())
-    saved = list(live_opt.state.values())
-    if len(restored) != len(saved):
-        raise AssertionError(f"{side}: optimizer state has {len(restored)} entries, "
-                             f"expected {len(saved)}")
-    for r, s in zip(restored, saved):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            if not torch.equal(r[key], s[key]):
-                raise AssertionError(f"{side}: restored optimizer {key} differs")
+RESTORE_SIDES = ("cairn", "torch_load", "dcp_load")
 
 
-def restore_rounds(sources: dict[str, str], cfg: ModelConfig, live: nn.Module,
-                   live_opt: torch.optim.Optimizer, runs: int, settle_s: float,
-                   log: Callable[[str], None]) -> tuple[dict[str, list[float]], bool]:
-    target = GPT(cfg)
+def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
+    """BLAKE3 over the model's and the optimizer's tensors, in parameter order: equal digests
+    mean a restore brought back every byte."""
+    digest = blake3.blake3()
+    for tensor in model.state_dict().values():
+        digest.update(byte_view(tensor))
+    for group in opt.param_groups:
+        for param in group["params"]:
+            for _, value in sorted(opt.state[param].items()):
+                if isinstance(value, torch.Tensor):
+                    digest.update(byte_view(value))
+    return digest.hexdigest()
+
+
+def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
+    """In a fresh process (``--restore-child``): build the model and an empty optimizer, drop
+    the page cache, wait ``--settle`` s, then time one restore by ``side`` from ``source``."""
+    target = GPT(SMALL if args.small else FULL)
+    opt = make_optimizer(target)
+    if side == "cairn":
+        def restore() -> None:
+            ckpt = Checkpointer(store=source, key=KEY, every_steps=10**9, preemption=None)
+            try:
+                ckpt.restore(model=target, optimizer=opt)
+            finally:
+                ckpt.close()
+    elif side == "torch_load":
+        def restore() -> None:
+            state = torch.load(source, weights_only=True)
+            target.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+    else:
+        def restore() -> None:
+            state = dcp_state(target, opt)
+            dcp.load(state, checkpoint_id=source, no_dist=True)
+            set_state_dict(target, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+    gc.collect()
+    cold = drop_caches()
+    time.sleep(args.settle)
+    start = time.perf_counter()
+    restore()
+    seconds = time.perf_counter() - start
+    return {"side": side, "seconds": seconds, "cold": cold, "digest": state_digest(target, opt)}
+
+
+def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.optim.Optimizer,
+                   args: argparse.Namespace, log: Callable[[str], None]
+                   ) -> tuple[dict[str, list[float]], bool]:
+    """``--runs`` restores per side, each in a fresh process as a retried task would be, the
+    sides' order rotating every round; every restore's state is checked against the live one."""
+    expected = state_digest(live, live_opt)
+    times: dict[str, list[float]] = {name: [] for name in RESTORE_SIDES}
     cold = True
-
-    def cairn_side(opt: torch.optim.Optimizer) -> None:
-        ckpt = Checkpointer(store=sources["cairn"], key=KEY, every_steps=10**9, preemption=None)
-        try:
-            ckpt.restore(model=target, optimizer=opt)
-        finally:
-            ckpt.close()
-
-    def torch_side(opt: torch.optim.Optimizer) -> None:
-        state = torch.load(sources["torch_load"], weights_only=True)
-        target.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-
-    def dcp_side(opt: torch.optim.Optimizer) -> None:
-        state = dcp_state(target, opt)
-        dcp.load(state, checkpoint_id=sources["dcp_load"], no_dist=True)
-        set_state_dict(target, opt, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-
-    sides: list[tuple[str, Callable[[torch.optim.Optimizer], None]]] = [
-        ("cairn", cairn_side), ("torch_load", torch_side), ("dcp_load", dcp_side)]
-    times: dict[str, list[float]] = {name: [] for name, _ in sides}
-    for run in range(runs):
-        shift = run % len(sides)
-        for name, fn in sides[shift:] + sides[:shift]:
-            with torch.no_grad():
-                for p in target.parameters():
-                    p.mul_(1.5)  # so that a restore that loads nothing fails the check
-            opt = make_optimizer(target)
-            gc.collect()
-            if not drop_caches():
-                cold = False
-            time.sleep(settle_s)
-            start = time.perf_counter()
-            fn(opt)
-            seconds = time.perf_counter() - start
-            check_restored(target, opt, live, live_opt, name)
-            times[name].append(seconds)
-            log(f"  run {run + 1} restore {name}: {seconds:.3f}s")
-            del opt
-            gc.collect()
+    flags = ["--threads", str(args.threads), "--settle", str(args.settle)]
+    if args.small:
+        flags.append("--small")
+    for run in range(args.runs):
+        shift = run % len(RESTORE_SIDES)
+        for name in RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]:
+            child = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--restore-child", name,
+                 sources[name], *flags], capture_output=True, text=True, check=False)
+            if child.returncode != 0:
+                raise RuntimeError(f"restore by {name} failed (exit {child.returncode}):\n"
+                                   f"{child.stderr[-3000:]}")
+            result = json.loads(child.stdout.strip().splitlines()[-1])
+            if result["digest"] != expected:
+                raise AssertionError(f"{name}: the restored state differs from the saved one")
+            cold = cold and result["cold"]
+            times[name].append(result["seconds"])
+            log(f"  run {run + 1} restore {name}: {result['seconds']:.3f}s")
     return times, cold
 
 
@@ -666,6 +684,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="snapshot interval in steps for the amortized comparison")
     parser.add_argument("--settle", type=float, default=4.0,
                         help="seconds between the cache drop and each timed restore (default 4)")
+    parser.add_argument("--restore-child", nargs=2, metavar=("SIDE", "SOURCE"),
+                        help=argparse.SUPPRESS)  # one timed restore, run by restore_rounds
     parser.add_argument("--no-dcp-process", action="store_true",
                         help="skip the dcp_async configurations with a PROCESS executor")
     parser.add_argument("--skip-steps", action="store_true",
@@ -683,6 +703,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     torch.set_num_threads(args.threads)
+    if args.restore_child:
+        side, source = args.restore_child
+        print(json.dumps(restore_once(side, source, args)))
+        return 0
     cfg = SMALL if args.small else FULL
     load_start = loadavg()
 
@@ -769,8 +793,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         log("restore (page cache dropped before each):")
         restores, cold = restore_rounds(
-            {"cairn": source.path, "torch_load": torch_path, "dcp_load": dcp_path}, cfg,
-            model, opt, args.runs, args.settle, log)
+            {"cairn": source.path, "torch_load": torch_path, "dcp_load": dcp_path},
+            model, opt, args, log)
         remove(torch_path)
         remove(dcp_path)
 
