@@ -183,12 +183,17 @@ def _empty_array(header: ArrayHeader, *, seq: int) -> Any:
     if math.prod(header.shape) * dtype.itemsize != header.nbytes:
         raise CorruptSnapshot(f"seq {seq}: header {header} is inconsistent: shape and dtype do "
                               f"not make {header.nbytes} bytes", seq=seq)
-    if header.nbytes < DIRECT_IO_MIN:
+    memory = None
+    if header.nbytes >= DIRECT_IO_MIN:
+        # Page-aligned, so that a local store reads it with O_DIRECT; the array owns the mapping.
+        try:
+            memory = aligned_buffer(header.nbytes)
+        except OSError:  # out of mappings (vm.max_map_count): read through the page cache
+            memory = None
+    if memory is None:
         if header.kind == "numpy":
             return np.empty(header.shape, dtype=dtype)
         return torch.empty(header.shape, dtype=dtype)
-    # Page-aligned, so that a local store reads it with O_DIRECT; the array owns the mapping.
-    memory = aligned_buffer(header.nbytes)
     if header.kind == "numpy":
         return np.frombuffer(memory, dtype=dtype, count=math.prod(header.shape)).reshape(header.shape)
     raw = torch.frombuffer(memory, dtype=torch.uint8, count=header.nbytes)

@@ -1,13 +1,13 @@
 """Page-aligned memory, and which part of a read ``O_DIRECT`` can take.
 
-A local restore reads with ``O_DIRECT`` where it can: the disk's DMA fills the caller's memory,
-with neither a page-cache copy nor the page cache's own allocations. Measured on the 2-core dev
-VM with a cold cache, 1.5 GB read and hashed on 8 threads: 1.9-2.0 s with ``O_DIRECT`` against
-2.6-2.9 s through the page cache (``bench/README.md``). Linux requires the file offset, the
-length and the memory address of such a read to be multiples of the device's block size; 4096
-covers every common device. Packs therefore start every chunk of at least
+A state restore from a local store reads with ``O_DIRECT``: the disk's DMA fills the caller's
+fresh memory, with neither a page-cache copy nor the page cache's own allocations. Measured on
+the 2-core dev VM with a cold cache, 1.5 GB read and hashed on 8 threads: 1.9-2.0 s with
+``O_DIRECT`` against 2.6-2.9 s through the page cache (ADR 0016). Linux requires the file
+offset, the length and the memory address of such a read to be multiples of the device's block
+size; 4096 covers every common device. Packs therefore start every chunk of at least
 :data:`DIRECT_IO_MIN` bytes at a multiple of :data:`DIRECT_IO_ALIGN`
-(:mod:`cairn.store.packs`), and readers read into :func:`aligned_buffer` memory.
+(:mod:`cairn.store.packs`), and a state restore reads into :func:`aligned_buffer` memory.
 """
 
 from __future__ import annotations

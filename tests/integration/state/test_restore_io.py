@@ -69,3 +69,29 @@ def test_restore_bypasses_the_page_cache_and_training_goes_on_identically(
         train_step(model2, opt2, step)
     for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_out_of_mappings_falls_back_to_ordinary_memory(
+        local_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Simulates a process at vm.max_map_count: every new mapping fails with ENOMEM.
+    import errno
+
+    model, opt = make(0)
+    ckpt = Checkpointer(store=local_store, key=KEY, every_steps=10**6, preemption=None)
+    ckpt.restore(model=model, optimizer=opt)
+    train_step(model, opt, 0)
+    ckpt.save(0, wait=True)
+    ckpt.close()
+
+    def no_mappings(nbytes: int) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr("cairn.state.checkpointer.aligned_buffer", no_mappings)
+    model2, opt2 = make(1)
+    again = Checkpointer(store=local_store, key=KEY, every_steps=10**6, preemption=None)
+    assert again.restore(model=model2, optimizer=opt2) == 1
+    again.close()
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    exp_avg = opt2.state[opt2.param_groups[0]["params"][0]]["exp_avg"]
+    assert torch.equal(exp_avg, opt.state[opt.param_groups[0]["params"][0]]["exp_avg"])
