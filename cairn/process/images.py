@@ -25,6 +25,7 @@ IMG_SERVICE_MAGIC = 0x55105940
 PAGEMAP_MAGIC = 0x56084025
 STATS_MAGIC = 0x57093306
 FILES_MAGIC = 0x56303138
+FDINFO_MAGIC = 0x56213732
 
 # pagemap_entry.flags (criu/include/pagemap.h)
 PE_PARENT = 1 << 0
@@ -207,13 +208,15 @@ def read_dump_stats(image_dir: str | os.PathLike[str]) -> DumpStats:
 
 @dataclass(frozen=True)
 class RegFile:
-    """A regular file the dumped tree held open: its name (as CRIU recorded it, relative to
-    its mount), open flags, position and size at the moment of the dump."""
+    """A regular file the dumped tree held open or mapped: its name (as CRIU recorded it,
+    relative to its mount), open flags, position and size at the moment of the dump, and its
+    id in ``files.img`` (what ``fdinfo-*.img`` entries refer to)."""
 
     name: str
     flags: int
     pos: int
     size: int | None
+    id: int = 0
 
 
 def read_reg_files(image_dir: str | os.PathLike[str]) -> list[RegFile]:
@@ -231,8 +234,21 @@ def read_reg_files(image_dir: str | os.PathLike[str]) -> list[RegFile]:
         name = r.get(6, b"")
         out.append(RegFile(name=name.decode(errors="surrogateescape") if isinstance(name, bytes) else "",
                            flags=int(r.get(2, 0)), pos=int(r.get(3, 0)),
-                           size=int(r[8]) if 8 in r else None))
+                           size=int(r[8]) if 8 in r else None, id=int(f.get(2, 0))))
     return out
+
+
+def read_fd_file_ids(image_dir: str | os.PathLike[str]) -> set[int]:
+    """The ``files.img`` ids of the regular files some process of the dump holds as a file
+    descriptor (``fdinfo-*.img``), as opposed to files only mapped into memory."""
+    ids: set[int] = set()
+    for name in os.listdir(image_dir):
+        if name.startswith("fdinfo-") and name.endswith(".img"):
+            for message in entries(os.path.join(image_dir, name), magic=FDINFO_MAGIC):
+                f = _first(message)
+                if f.get(3) == FD_TYPE_REG:
+                    ids.add(int(f.get(1, 0)))
+    return ids
 
 
 FD_TYPE_UNIXSK = 5

@@ -66,7 +66,7 @@ from cairn.process import cuda as cuda_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
-from cairn.process import workload
+from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
@@ -432,9 +432,14 @@ class Supervisor:
             tracked = snap_mod.fetch(self._store, manifest, dest)
             for socket_path in read_unix_socket_paths(os.path.join(dest, snap_mod.IMAGES)):
                 os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+            shm_files = torch_shm.recreate(os.path.join(dest, snap_mod.IMAGES))
             pidfile = os.path.join(self.staging, "restored.pid")
-            self.child = criu_mod.restore(self._criu, os.path.join(dest, snap_mod.IMAGES),
-                                          pidfile=pidfile)
+            try:
+                self.child = criu_mod.restore(self._criu, os.path.join(dest, snap_mod.IMAGES),
+                                              pidfile=pidfile)
+            except BaseException:
+                torch_shm.remove(shm_files)
+                raise
         finally:
             shutil.rmtree(dest, ignore_errors=True)
         gpu = [int(p) for p in snap_mod.process_info(manifest).get("gpu_pids", [])]

@@ -121,3 +121,71 @@ def test_doctor_reports_criu_ok() -> None:
         check = report.check(name)
         assert check.status is Status.OK, report.format_text()
     assert report.ok, report.format_text()
+
+
+@needs_criu
+def test_a_dump_inside_torchs_shared_memory_window_restores(tmp_path: Path) -> None:
+    """A DataLoader worker frozen between creating its /dev/shm/torch_* file and unlinking it:
+    the dump records the file by path, the worker unlinks it once thawed, and the restore
+    needs it back. cairn recreates it, zero-filled at its dumped size, as it was."""
+    from cairn.process import criu as criu_mod
+    from cairn.process import torch_shm
+
+    child_script = Path(__file__).with_name("shm_window_child.py")
+    shm = Path(f"/dev/shm/torch_{os.getpid()}_{time.monotonic_ns() % 10**9}_1")
+    out, images = tmp_path / "child.out", tmp_path / "images"
+    images.mkdir()
+    with open(tmp_path / "child.err", "wb") as err:
+        child = subprocess.Popen([sys.executable, str(child_script), str(shm), str(out)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True, cwd=tmp_path)
+    restored: int | None = None
+    try:
+        _wait_for(lambda: out.exists() and "ready" in out.read_text(), 15, "the child to be ready")
+        assert CRIU is not None
+        criu_mod.dump(CRIU, child.pid, str(images), leave_running=False)
+        child.wait(10)
+        shm.unlink()  # what the thawed worker does a moment after the dump
+        made = torch_shm.recreate(images)
+        assert made == [str(shm)] and shm.stat().st_size == 3 * os.sysconf("SC_PAGE_SIZE")
+        restored = criu_mod.restore(CRIU, str(images), pidfile=str(tmp_path / "pid"))
+        os.kill(restored, signal.SIGUSR1)
+        _wait_for(lambda: "ok" in out.read_text(), 15, "the restored child to finish")
+        assert "ok zeros=True unlinked=True" in out.read_text()
+        assert not shm.exists()
+    finally:
+        for pid in (child.pid, restored):
+            if pid is not None and not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        if shm.exists():
+            shm.unlink()
+
+
+def test_only_torch_files_held_open_are_recreated(tmp_path: Path) -> None:
+    """Files torch maps but does not hold open (``file_system`` sharing keeps them linked, with
+    data) and other names are left alone: zeros would be wrong for them."""
+    from cairn.process import images as I
+    from cairn.process import torch_shm
+    from tests.support.fake_dump import field, image
+
+    def reg(ident: int, name: str, size: int) -> bytes:
+        body = field(1, ident) + field(2, 0o2) + field(3, 0) + field(6, name.encode()) + field(8, size)
+        return field(1, I.FD_TYPE_REG) + field(2, ident) + field(3, body)
+
+    image(tmp_path / "files.img", I.FILES_MAGIC, [
+        reg(1, "/dev/shm/torch_1_2_3", 8192),        # held open: recreated
+        reg(2, "/dev/shm/torch_1_2_4", 4096),        # only mapped
+        reg(3, "/dev/shm/other_1", 4096),            # held open, not torch's
+        reg(4, "/dev/shm/torch_1_2_5", 4096),        # held open, still exists
+    ])
+    image(tmp_path / "fdinfo-2.img", I.FDINFO_MAGIC,
+          [field(1, i) + field(2, 0) + field(3, I.FD_TYPE_REG) + field(4, 10 + i) for i in (1, 3, 4)])
+    root = tmp_path / "root"
+    (root / "dev" / "shm").mkdir(parents=True)
+    (root / "dev" / "shm" / "torch_1_2_5").write_bytes(b"data")
+    made = torch_shm.recreate(tmp_path, root=str(root))
+    assert made == [str(root / "dev" / "shm" / "torch_1_2_3")]
+    assert (root / "dev" / "shm" / "torch_1_2_3").read_bytes() == bytes(8192)
+    assert (root / "dev" / "shm" / "torch_1_2_5").read_bytes() == b"data"
+    torch_shm.remove(made)
+    assert not (root / "dev" / "shm" / "torch_1_2_3").exists()
