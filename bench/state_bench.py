@@ -587,12 +587,12 @@ def frozen_bytes(cfg: ModelConfig, args: argparse.Namespace, root: str) -> dict[
         if old is None or not same_bytes(old, tensor):
             changed += tensor.numel() * tensor.element_size()
     state_bytes = sum(t.numel() * t.element_size() for t in after.values())
+    written = second.bytes_written + second.padding_bytes
     return {"frozen_fraction": round(frozen / total, 4), "params": total,
             "state_bytes": state_bytes,
             "first_bytes_written": first.bytes_written + first.padding_bytes,
-            "bytes_written": second.bytes_written + second.padding_bytes,
-            "padding_bytes": second.padding_bytes, "floor_bytes": changed,
-            "frozen90_vs_floor": round((second.bytes_written + second.padding_bytes) / changed, 4)}
+            "bytes_written": written, "padding_bytes": second.padding_bytes,
+            "floor_bytes": changed, "frozen90_vs_floor": round(written / changed, 4)}
 
 
 def persist_step_slowdown(ckpt: Checkpointer, trainer: Trainer, runs: int, base_steps: int,

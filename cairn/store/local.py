@@ -197,8 +197,9 @@ class LocalBackend(Backend):
         aligned memory bypasses the page cache (``O_DIRECT``, :mod:`cairn.store.aligned`)
         where the filesystem allows it; other reads go through the cache."""
         path = self._path(name)
-        if self._direct_io and direct_length(offset, buffer):
-            got = self._read_direct(path, name, offset, buffer)
+        bulk = direct_length(offset, buffer) if self._direct_io else 0
+        if bulk:
+            got = self._read_direct(path, name, offset, buffer, bulk)
             if got is not None:
                 return got
         try:
@@ -214,8 +215,9 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def _read_direct(self, path: str, name: str, offset: int, buffer: memoryview) -> int | None:
-        """Read with ``O_DIRECT``: the aligned bulk straight into ``buffer``, an unaligned
+    def _read_direct(self, path: str, name: str, offset: int, buffer: memoryview,
+                     bulk: int) -> int | None:
+        """Read with ``O_DIRECT``: the aligned ``bulk`` straight into ``buffer``, an unaligned
         tail through one aligned block of bounce memory. None (and no more direct reads from
         this backend) where the filesystem refuses it."""
         try:
@@ -228,7 +230,6 @@ class LocalBackend(Backend):
             self._direct_io = False  # tmpfs before Linux 6.6, some FUSE and overlay mounts
             return None
         try:
-            bulk = len(buffer) - len(buffer) % DIRECT_IO_ALIGN
             got = _pread_into(fd, buffer[:bulk], offset)
             if got < bulk or got == len(buffer):
                 return got  # the object ended inside the bulk, or there is no tail

@@ -47,7 +47,6 @@ ProgressCallback = Callable[[int], None]
 class WriteStats:
     bytes_logical: int = 0
     bytes_written: int = 0
-    padding_bytes: int = 0  # zeros written to align chunks in packs, on top of bytes_written
     chunks_total: int = 0
     chunks_reused: int = 0
 
@@ -158,7 +157,6 @@ class SnapshotWriter:
             ref = ChunkRef(digest, len(data), pack, offset)
             self._attempt.known_chunks[digest] = ref
             self.stats.bytes_written += len(data)
-            self.stats.padding_bytes = self._packs.padding_bytes
         else:
             self.stats.chunks_reused += 1
         if self._progress is not None:
@@ -249,7 +247,7 @@ class SnapshotWriter:
             "step": step,
             "bytes_logical": self.stats.bytes_logical,
             "bytes_written": self.stats.bytes_written,
-            "padding_bytes": self.stats.padding_bytes,
+            "padding_bytes": self._packs.padding_bytes,  # zeros aligning chunks in packs
             "chunks": self.stats.chunks_total,
             "chunks_reused": self.stats.chunks_reused,
             "producer": {

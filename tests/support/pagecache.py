@@ -11,6 +11,22 @@ PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def require_page_cache(path: str) -> None:
+    """Skip the test where ``path``'s filesystem keeps every page in memory (residency then
+    tells nothing about how a file was read)."""
+    import pytest
+
+    from cairn.store.local import filesystem_type
+
+    if filesystem_type(path) in ("tmpfs", "ramfs", "overlay"):
+        pytest.skip(f"{path} is on a filesystem whose pages always stay in memory")
+
+
+def pack_files(store, manifest) -> list[str]:  # noqa: ANN001 - a local Store and a Manifest
+    """The files of the packs ``manifest`` refers to, in a local store."""
+    return sorted({os.path.join(store.backend.root, c.pack) for c in manifest.chunk_refs()})
+
+
 def evict(path: str) -> None:
     """Drop the file's clean pages from the page cache."""
     fd = os.open(path, os.O_RDONLY)

@@ -11,8 +11,7 @@ import torch
 
 from cairn.state import Checkpointer
 from cairn.store import Store, StoreSettings, open_store
-from cairn.store.local import filesystem_type
-from tests.support.pagecache import evict, resident_pages
+from tests.support.pagecache import evict, pack_files, require_page_cache, resident_pages
 
 KEY = "dag/train/run-1/0"
 
@@ -32,8 +31,7 @@ def train_step(model, opt, seed: int) -> None:  # noqa: ANN001
 
 @pytest.fixture()
 def local_store(tmp_path) -> Store:  # noqa: ANN001
-    if filesystem_type(str(tmp_path)) in ("tmpfs", "ramfs", "overlay"):
-        pytest.skip(f"{tmp_path} is on a filesystem whose pages always stay in memory")
+    require_page_cache(str(tmp_path))
     store = open_store(str(tmp_path / "store"), settings=StoreSettings())
     yield store
     store.close()
@@ -49,8 +47,7 @@ def test_restore_bypasses_the_page_cache_and_training_goes_on_identically(
     manifest = ckpt.save(2, wait=True)
     ckpt.close()
     assert manifest is not None
-    packs = sorted({os.path.join(local_store.backend.root, c.pack)
-                    for c in manifest.chunk_refs()})
+    packs = pack_files(local_store, manifest)
     for path in packs:
         evict(path)
 

@@ -12,8 +12,7 @@ import pytest
 
 from cairn.store import Key, Manifest, Store, StoreSettings, open_store
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer
-from cairn.store.local import LocalBackend, filesystem_type
-from tests.support.pagecache import evict, resident_pages
+from tests.support.pagecache import evict, pack_files, require_page_cache, resident_pages
 
 KEY = Key(("dag", "train", "run-1", "0"))
 FILES = {  # small and large files, none a multiple of 4 KiB, in the order they are added
@@ -56,8 +55,7 @@ def test_large_chunks_start_aligned_and_small_ones_pack_densely(store: Store) ->
 
 @pytest.fixture()
 def local_store(tmp_path) -> Store:  # noqa: ANN001
-    if filesystem_type(str(tmp_path)) in ("tmpfs", "ramfs", "overlay"):
-        pytest.skip(f"{tmp_path} is on a filesystem whose pages always stay in memory")
+    require_page_cache(str(tmp_path))
     store = open_store(str(tmp_path / "store"),
                        settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10))
     yield store
@@ -71,14 +69,9 @@ def read_all(store: Store, manifest: Manifest) -> dict[str, bytes]:
     return {path: bytes(view) for path, view in buffers.items()}
 
 
-def pack_paths(store: Store, manifest: Manifest) -> list[str]:
-    assert isinstance(store.backend, LocalBackend)
-    return sorted({os.path.join(store.backend.root, c.pack) for c in manifest.chunk_refs()})
-
-
 def test_a_local_restore_into_aligned_memory_bypasses_the_page_cache(local_store: Store) -> None:
     manifest = snapshot(local_store)
-    packs = pack_paths(local_store, manifest)
+    packs = pack_files(local_store, manifest)
     for path in packs:
         evict(path)
     assert read_all(local_store, manifest) == FILES
