@@ -25,6 +25,7 @@ from cairn.exceptions import ConfigError
 from cairn.k8s import channel, metrics
 from cairn.k8s.uploader import Uploader, UploadSettings
 from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
+from cairn.wakeup import Wakeup
 
 log = logging.getLogger("cairn.sidecar")
 
@@ -62,7 +63,9 @@ class Sidecar:
         self.settings = settings
         self.notices_sent: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
+        self._wake = Wakeup()
+        self._signum: int | None = None
+        self._stopping = False
         self.watchers: list[MetadataWatcher | NodeLabelWatcher] = []
         if settings.metadata is not None:
             for key in ("preempted", "maintenance-event"):
@@ -92,6 +95,12 @@ class Sidecar:
                     notice.seconds_left())
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
+        # Only record and wake: a handler that takes a lock can deadlock (cairn.wakeup).
+        if self._signum is None:
+            self._signum = signum
+        self._wake.set()
+
+    def _notice_sigterm(self, signum: int) -> None:
         # Native sidecars are stopped after the main containers, so the supervisor has usually
         # gone by now; the notice is for the case where it has not.
         now = time.time()
@@ -101,7 +110,6 @@ class Sidecar:
                                        deadline=now + self.settings.sigterm_window_s))
         except OSError as e:
             log.error("cannot write the notice: %s", e)
-        self._stopped.set()
 
     # -- HTTP ------------------------------------------------------------------------------
 
@@ -173,8 +181,11 @@ class Sidecar:
             signal.signal(signum, self._on_sigterm)
 
     def wait(self) -> None:
-        while not self._stopped.wait(1.0):
-            pass
+        """Until SIGTERM/SIGINT (then its notice is published) or :meth:`stop`."""
+        while self._signum is None and not self._stopping:
+            self._wake.wait(1.0)
+        if self._signum is not None:
+            self._notice_sigterm(self._signum)
 
     def drain(self) -> None:
         """After SIGTERM: upload what is spooled while the window lasts (metrics stay up)."""
@@ -182,7 +193,8 @@ class Sidecar:
             self.uploader.drain(max(0.0, self.settings.sigterm_window_s - 1.0))
 
     def stop(self) -> None:
-        self._stopped.set()
+        self._stopping = True
+        self._wake.set()
         for watcher in self.watchers:
             watcher.stop()
         if self.uploader is not None:

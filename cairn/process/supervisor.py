@@ -71,6 +71,7 @@ from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
 from cairn.store.hashing import digest
+from cairn.wakeup import Wakeup
 
 log = logging.getLogger("cairn.run")
 
@@ -236,7 +237,7 @@ class Supervisor:
         self.cost = DumpCost()
         self.child: int | None = None
         self.restored_from: int | None = None
-        self._wake = threading.Event()
+        self._wake = Wakeup()  # raised by the signal handlers (see cairn.wakeup for why a pipe)
         self._signal: int | None = None
         self._signal_at = 0.0
         self._criu: str | None = None
@@ -326,6 +327,7 @@ class Supervisor:
             shutil.rmtree(self.staging, ignore_errors=True)
             self._record_outcome(code)
             self._store.close()
+            self._wake.close()
 
     def _supervise(self) -> int:
         s = self.settings
@@ -365,7 +367,6 @@ class Supervisor:
                 continue
             timeout = 1.0 if next_dump is None else min(1.0, max(0.0, next_dump - now))
             self._wake.wait(timeout)
-            self._wake.clear()
 
     # -- starting: restore or fresh --------------------------------------------------------
 

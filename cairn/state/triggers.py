@@ -28,6 +28,7 @@ from typing import Any
 
 from cairn.exceptions import CairnError, ConfigError
 from cairn.k8s import channel
+from cairn.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,11 @@ class PreemptionNotice:
         self.signum: int | None = None
         self.received_at: float | None = None
         self._previous: dict[int, Handler] = {}
-        self._event = threading.Event()
+        # A plain flag, not a threading.Event: the handler runs in the main thread, which may
+        # be inside that Event's lock at the time (see cairn.wakeup).
+        self._raised = False
         self._chained = False
-        self._watchdog: threading.Timer | None = None
+        self._watchdog: _Watchdog | None = None
         file = policy.notice_file
         self.notice_file = os.environ.get("CAIRN_NOTICE_FILE") if file is None else file
         self.notice: channel.Notice | None = None  # a sidecar's notice, once taken
@@ -78,12 +81,12 @@ class PreemptionNotice:
 
     @property
     def pending(self) -> bool:
-        if not self._event.is_set() and self.notice_file:
+        if not self._raised and self.notice_file:
             now = time.monotonic()
             if now >= self._next_poll:
                 self._next_poll = now + FILE_POLL_S
                 self._take_file()
-        return self._event.is_set()
+        return self._raised
 
     def _take_file(self) -> None:
         try:
@@ -93,10 +96,10 @@ class PreemptionNotice:
                 log.warning("cannot read the notice file: %s", e)
             self._poll_failed = True
             return
-        if notice is not None and not self._event.is_set():
+        if notice is not None and not self._raised:
             self.notice = notice
             self.received_at = time.monotonic()
-            self._event.set()
+            self._raised = True
 
     def describe(self) -> str:
         """What the notice was: a signal's name, or the sidecar's source and reason."""
@@ -121,17 +124,22 @@ class PreemptionNotice:
             log.warning("preemption signals are not watched: the Checkpointer was set up off the "
                         "main thread")
             return False
+        # Started here, not in the handler: starting a thread takes locks (cairn.wakeup).
+        self._watchdog = _Watchdog(self)
         for signum in self.policy.signals:
             self._previous[signum] = signal.signal(signum, self._handle)
         return True
 
     def uninstall(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        for signum, previous in self._previous.items():
+        """Put the replaced handlers back and stop the watchdog. Takes no lock and waits for
+        no thread, so :meth:`chain` may call it from the signal handler."""
+        # Taken before use: the handler may run in the middle of this and call it again.
+        replaced, self._previous = self._previous, {}
+        watchdog, self._watchdog = self._watchdog, None
+        for signum, previous in replaced.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        if watchdog is not None:
+            watchdog.stop()
 
     def remaining(self) -> float:
         """Seconds left of the budget since the notice (the whole budget before one)."""
@@ -143,19 +151,18 @@ class PreemptionNotice:
         return left
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._event.is_set():
+        if self._raised:
             if self.signum is None:  # a sidecar's notice came first: chain this signal later
                 self.signum = signum
                 return
-            # A second notice (or the watchdog below): the loop did not get to step() in time.
+            # A second notice (or the watchdog's): the loop did not get to step() in time.
             self.chain(frame)
             return
         self.signum = signum
         self.received_at = time.monotonic()
-        self._event.set()
-        self._watchdog = threading.Timer(max(self.remaining(), 0.0), self._redeliver)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        self._raised = True
+        if self._watchdog is not None:
+            self._watchdog.arm()
 
     def _redeliver(self) -> None:
         # Only while our handler is still the one installed: after chain() or uninstall() the
@@ -181,6 +188,45 @@ class PreemptionNotice:
         elif previous in (signal.SIG_DFL, None):
             os.kill(os.getpid(), signum)
             time.sleep(1.0)  # let the default action land before anything else runs
+
+
+class _Watchdog:
+    """Redelivers the signal once the budget has run out, in case the loop never reached
+    ``step()``. One daemon thread per install, parked on a pipe until the handler arms it.
+
+    Arming and stopping are bytes in the pipe, not shared flags, so the thread closes the
+    pipe only after it has read the stop — nothing writes to it after that.
+    """
+
+    _ARM, _STOP = b"a", b"s"
+
+    def __init__(self, notice: PreemptionNotice) -> None:
+        self._notice = notice
+        self._wake = Wakeup()
+        threading.Thread(target=self._run, name="cairn-preemption-watchdog", daemon=True).start()
+
+    def arm(self) -> None:
+        """From the signal handler: start counting down the budget."""
+        self._wake.set(self._ARM)
+
+    def stop(self) -> None:
+        """Once, after the handlers are put back (so :meth:`arm` cannot follow)."""
+        self._wake.set(self._STOP)
+
+    def _run(self) -> None:
+        armed = redelivered = False
+        try:
+            while True:
+                counting = armed and not redelivered
+                tokens = self._wake.wait(max(self._notice.remaining(), 0.0) if counting else None)
+                if self._STOP in tokens:
+                    return
+                armed = armed or self._ARM in tokens
+                if armed and not redelivered and self._notice.remaining() <= 0:
+                    redelivered = True
+                    self._notice._redeliver()
+        finally:
+            self._wake.close()
 
 
 def young_daly_interval(*, snapshot_cost_s: float, mtbf_s: float, lower_s: float = 60.0,
