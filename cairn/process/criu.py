@@ -138,7 +138,8 @@ def _run(binary: str, argv: list[str], log_path: str, what: str, timeout: float 
     except PermissionError:
         raise CriuFailed(f"criu {what}: {binary} is not executable") from None
     except subprocess.TimeoutExpired:
-        raise CriuFailed(f"criu {what} did not finish within {timeout:.0f}s") from None
+        raise CriuFailed(f"criu {what} did not finish within {timeout:.0f}s (killed):\n"
+                         f"{_log_tail(log_path)}") from None
     if done.returncode != 0:
         raise CriuFailed(f"criu {what} failed (exit {done.returncode}):\n"
                          f"{(done.stdout + done.stderr).strip()}\n{_log_tail(log_path)}")

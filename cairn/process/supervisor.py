@@ -90,6 +90,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0
 # Conservative throughput for a first final dump when none was measured yet.
 _UNMEASURED_BYTES_PER_S = 100e6
 DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
+FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but at least this
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
 UPLOADER_MAX_AGE_S = 10.0  # an uploader heartbeat older than this: no uploader is running
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
@@ -522,10 +523,12 @@ class Supervisor:
             self._cuda = cuda_mod.CudaCheckpoint.load() or False
         return self._cuda or None
 
-    def _snapshot(self, *, leave_running: bool) -> _Saved | None:
+    def _snapshot(self, *, leave_running: bool,
+                  timeout: float = DUMP_TIMEOUT_S) -> _Saved | None:
         """Dump, then ingest (or, with a spool, hand the dump to the uploader). Returns what
         was saved, or None when it failed (logged; the workload keeps running when
-        ``leave_running``). Raises Fenced."""
+        ``leave_running``). A dump still running after ``timeout`` seconds is killed (a
+        failure). Raises Fenced."""
         assert self._criu is not None and self.child is not None
         started = time.monotonic()
         image_dir = os.path.join(self.staging, f"dump-{int(time.time() * 1000)}")
@@ -546,10 +549,10 @@ class Supervisor:
                 with cuda_mod.suspended(api, gpu, resume=leave_running):
                     criu_mod.dump(self._criu, self.child, image_dir,
                                   leave_running=leave_running,
-                                  ghost_limit=self.settings.ghost_limit, timeout=DUMP_TIMEOUT_S)
+                                  ghost_limit=self.settings.ghost_limit, timeout=timeout)
             else:
                 criu_mod.dump(self._criu, self.child, image_dir, leave_running=leave_running,
-                              ghost_limit=self.settings.ghost_limit, timeout=DUMP_TIMEOUT_S)
+                              ghost_limit=self.settings.ghost_limit, timeout=timeout)
             dumped = time.monotonic()
             staged = snap_mod.directory_bytes(image_dir)
             self.cost.peak_staging_bytes = max(self.cost.peak_staging_bytes, staged)
@@ -903,7 +906,10 @@ class Supervisor:
         if self._spool is not None:
             self._make_room()
         try:
-            saved = self._snapshot(leave_running=False)
+            # A dump still running when the budget ends is killed: the platform's SIGKILL is
+            # due then anyway, and this way the exit says that the previous snapshot is kept.
+            saved = self._snapshot(leave_running=False, timeout=max(
+                budget_end - time.monotonic(), FINAL_DUMP_MIN_TIMEOUT_S))
         except Fenced as e:
             log.error("%s: %s", name, e)
             return EXIT_FENCED

@@ -147,6 +147,27 @@ def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Pat
     assert gone(run.child_pid())
 
 
+def test_a_final_dump_that_outlasts_the_budget_is_killed_and_the_previous_snapshot_kept(
+        place: dict[str, Path]) -> None:
+    assert CRIU is not None
+    # A FAKE hang: periodic dumps are real; the final one (no --leave-running) never returns.
+    wrapper = place["work"] / "criu-hangs-on-the-final-dump"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = dump ]; then case " $* " in '
+                       f'*" --leave-running "*) ;; *) exec sleep 600;; esac; fi\n'
+                       f'exec {CRIU} "$@"\n')
+    wrapper.chmod(0o755)
+    run = _counter(place, 400, env={"CAIRN_CRIU": str(wrapper)}, grace="3s")
+    _after_a_snapshot(run, min_steps=10, metrics=place["metrics"])
+    run.signal(signal.SIGTERM)
+    assert run.wait(60) == 76, run.stderr  # not the 900 s a periodic dump may take
+    kept = run.committed()[-1]
+    killed = re.search(r"criu dump did not finish within [1-3]s \(killed\)", run.stderr)
+    assert killed, run.stderr
+    assert f"the final snapshot failed; snapshot seq {kept} kept" in run.stderr, run.stderr
+    assert run.snapshots()[0] == kept
+    assert gone(run.child_pid())
+
+
 def test_supervisor_sigkill_takes_fresh_and_restored_workloads_down(
         place: dict[str, Path]) -> None:
     first = _counter(place, 100000)
