@@ -70,9 +70,12 @@ class CairnRun:
         logs.mkdir(parents=True, exist_ok=True)
         n = len(list(logs.glob("run-*.out")))
         self.out_path, self.err_path = logs / f"run-{n}.out", logs / f"run-{n}.err"
-        argv = [*prefix, sys.executable, "-m", "cairn.cli.main", "run", "--store", store,
-                "--key", key, "--every", every, "--grace", grace, "--workdir", str(workdir),
-                *extra, "--", *command]
+        # -X faulthandler (not the environment, which the workload would inherit): a hung
+        # run can be asked for its threads' stacks with SIGABRT (see wait()).
+        argv = [*prefix, sys.executable, "-X", "faulthandler", "-m", "cairn.cli.main", "run",
+                "--store", store, "--key", key, "--every", every, "--grace", grace,
+                "--workdir", str(workdir), *extra, "--", *command]
+        self.workdir = workdir
         full_env = {**os.environ, **(env or {})}
         if CRIU is not None:
             full_env.setdefault("CAIRN_CRIU", CRIU)
@@ -102,8 +105,18 @@ class CairnRun:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"cairn run did not finish in {timeout}s\n{self.stderr}") from None
+            pass
+        # Hung: say where, so that a failure in CI can be diagnosed from its output alone.
+        processes = describe_processes([self.proc.pid, *descendants(self.proc.pid)])
+        criu_logs = _criu_log_tails(self.workdir)
+        os.kill(self.proc.pid, signal.SIGABRT)  # faulthandler writes every thread's stack
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        raise AssertionError(f"cairn run did not finish in {timeout}s\n{self.stderr}\n"
+                             f"processes then:\n{processes}\n{criu_logs}")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -116,6 +129,31 @@ class CairnRun:
     def snapshots(self) -> list[int]:
         with open_store(self.store, create=False) as store:
             return [info.seq for info in store.snapshots(Key.parse(self.key))]
+
+
+def describe_processes(pids: Sequence[int]) -> str:
+    """One line per process: pid, state, what it waits in (wchan), command line."""
+    lines = []
+    for pid in pids:
+        proc = Path(f"/proc/{pid}")
+        try:
+            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
+            wchan = (proc / "wchan").read_text(errors="replace")
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"  {pid} {state} wchan={wchan or '-'} {argv.strip()[:200]}")
+    return "\n".join(lines) or "  (none)"
+
+
+def _criu_log_tails(workdir: Path, lines: int = 30) -> str:
+    """The ends of the CRIU logs of dumps or restores still in ``workdir`` (a dump's image
+    directory is removed once it is ingested, so one found here was in progress)."""
+    out = []
+    for log in sorted([*workdir.rglob("dump.log"), *workdir.rglob("restore.log")]):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"{log}:\n" + "\n".join(tail))
+    return "\n".join(out) or "(no CRIU log in the work directory)"
 
 
 def metric_steps(path: Path) -> list[int]:
