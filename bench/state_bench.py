@@ -678,8 +678,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
     parser.add_argument("--step-samples", type=int, default=3,
                         help="steps per baseline block of the persist slowdown (default 3)")
-    parser.add_argument("--amortize-steps", type=int, default=100,
-                        help="steps per side of the amortized comparison (default 100)")
+    parser.add_argument("--amortize-steps", type=int, default=200,
+                        help="steps per side of the amortized comparison (default 200: four "
+                             "snapshots; with two, one block's noise decides the figure)")
     parser.add_argument("--snapshot-every", type=int, default=50,
                         help="snapshot interval in steps for the amortized comparison")
     parser.add_argument("--settle", type=float, default=4.0,
