@@ -4,8 +4,8 @@ Python runs a signal handler in the main thread between two bytecodes, wherever 
 happens to be — including inside ``threading.Event.wait()`` or ``clear()``, holding the
 non-reentrant lock that ``Event.set()`` then waits for forever. So a handler must not call
 ``Event.set()`` (nor start a thread, nor take any lock the main thread may hold). Writing a
-byte to a pipe takes no lock: the handler calls :meth:`Wakeup.set`, and whoever waits selects
-on the pipe.
+byte to a pipe takes no lock: the handler calls :meth:`Wakeup.set`, and whoever waits polls
+the pipe.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ class Wakeup:
     """
 
     def __init__(self) -> None:
-        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._read, self._write = os.pipe()  # close-on-exec (PEP 446)
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
         self._closed = False
         # poll, not select: a process with a thousand open files gets descriptors select refuses.
         self._poller = select.poll()

@@ -151,7 +151,10 @@ def _criu_log_tails(workdir: Path, lines: int = 30) -> str:
     directory is removed once it is ingested, so one found here was in progress)."""
     out = []
     for log in sorted([*workdir.rglob("dump.log"), *workdir.rglob("restore.log")]):
-        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:  # removed meanwhile: the dump finished after all
+            continue
         out.append(f"{log}:\n" + "\n".join(tail))
     return "\n".join(out) or "(no CRIU log in the work directory)"
 
