@@ -33,13 +33,18 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
         time.sleep(0.05)
 
 
-def gone(pid: int) -> bool:
-    """``pid`` no longer runs (absent, or a zombie nobody reaped yet)."""
+def _state(pid: int) -> str | None:
+    """The one-letter state in ``/proc/PID/stat``; None when the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
     except FileNotFoundError:
-        return True
-    return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+        return None
+    return stat.rsplit(b")", 1)[1].split()[0].decode()
+
+
+def gone(pid: int) -> bool:
+    """``pid`` no longer runs (absent, or a zombie nobody reaped yet)."""
+    return _state(pid) in (None, "Z", "X")
 
 
 def descendants(pid: int) -> list[int]:
@@ -135,9 +140,8 @@ def describe_processes(pids: Sequence[int]) -> str:
     """One line per process: pid, state, what it waits in (wchan), command line."""
     lines = []
     for pid in pids:
-        proc = Path(f"/proc/{pid}")
+        proc, state = Path(f"/proc/{pid}"), _state(pid)
         try:
-            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
             wchan = (proc / "wchan").read_text(errors="replace")
             argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:

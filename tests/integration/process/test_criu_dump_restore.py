@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cairn.process import Status, find_criu, run_doctor
+from tests.support.cairn_run import gone, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +28,6 @@ needs_criu = pytest.mark.skipif(
 )
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def _counts(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().splitlines()]
 
@@ -44,15 +36,6 @@ def _log_tail(path: Path, lines: int = 30) -> str:
     if not path.exists():
         return f"({path.name} missing)"
     return f"--- {path.name} (last {lines} lines) ---\n" + "\n".join(path.read_text().splitlines()[-lines:])
-
-
-def _gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (absent, or a zombie its new parent has yet to reap)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def _criu(*args: str, log_dir: Path, log: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +60,7 @@ def test_dump_kills_and_restore_continues_with_the_same_pid(tmp_path: Path) -> N
     pid = child.pid
     restored: int | None = None
     try:
-        _wait_for(lambda: counter.exists() and len(_counts(counter)) >= 10, 15, "the child to count to 10")
+        wait_for(lambda: counter.exists() and len(_counts(counter)) >= 10, 15, "the child to count to 10")
 
         # Dumping kills the process by default (no --leave-running).
         _criu("dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore",
@@ -97,7 +80,7 @@ def test_dump_kills_and_restore_continues_with_the_same_pid(tmp_path: Path) -> N
         assert restored == pid
         assert CHILD.name in Path(f"/proc/{restored}/cmdline").read_text()
 
-        _wait_for(lambda: len(_counts(counter)) >= len(at_dump) + 10, 15,
+        wait_for(lambda: len(_counts(counter)) >= len(at_dump) + 10, 15,
                   "the restored process to count on")
         counts = _counts(counter)
         # One unbroken run: the restored process went on from memory, not from 0.
@@ -109,9 +92,9 @@ def test_dump_kills_and_restore_continues_with_the_same_pid(tmp_path: Path) -> N
             child.wait(timeout=10)
         if restored is not None:
             # Restored detached, it is init's child now: kill it and wait for it to stop.
-            if not _gone(restored):
+            if not gone(restored):
                 os.kill(restored, signal.SIGKILL)
-            _wait_for(lambda: _gone(restored), 10, f"restored pid {restored} to exit")
+            wait_for(lambda: gone(restored), 10, f"restored pid {restored} to exit")
 
 
 @needs_criu
@@ -141,7 +124,7 @@ def test_a_dump_inside_torchs_shared_memory_window_restores(tmp_path: Path) -> N
                                  start_new_session=True, cwd=tmp_path)
     restored: int | None = None
     try:
-        _wait_for(lambda: out.exists() and "ready" in out.read_text(), 15, "the child to be ready")
+        wait_for(lambda: out.exists() and "ready" in out.read_text(), 15, "the child to be ready")
         assert CRIU is not None
         criu_mod.dump(CRIU, child.pid, str(images), leave_running=False)
         child.wait(10)
@@ -150,42 +133,12 @@ def test_a_dump_inside_torchs_shared_memory_window_restores(tmp_path: Path) -> N
         assert made == [str(shm)] and shm.stat().st_size == 3 * os.sysconf("SC_PAGE_SIZE")
         restored = criu_mod.restore(CRIU, str(images), pidfile=str(tmp_path / "pid"))
         os.kill(restored, signal.SIGUSR1)
-        _wait_for(lambda: "ok" in out.read_text(), 15, "the restored child to finish")
+        wait_for(lambda: "ok" in out.read_text(), 15, "the restored child to finish")
         assert "ok zeros=True unlinked=True" in out.read_text()
         assert not shm.exists()
     finally:
         for pid in (child.pid, restored):
-            if pid is not None and not _gone(pid):
+            if pid is not None and not gone(pid):
                 os.kill(pid, signal.SIGKILL)
         if shm.exists():
             shm.unlink()
-
-
-def test_only_torch_files_held_open_are_recreated(tmp_path: Path) -> None:
-    """Files torch maps but does not hold open (``file_system`` sharing keeps them linked, with
-    data) and other names are left alone: zeros would be wrong for them."""
-    from cairn.process import images as I
-    from cairn.process import torch_shm
-    from tests.support.fake_dump import field, image
-
-    def reg(ident: int, name: str, size: int) -> bytes:
-        body = field(1, ident) + field(2, 0o2) + field(3, 0) + field(6, name.encode()) + field(8, size)
-        return field(1, I.FD_TYPE_REG) + field(2, ident) + field(3, body)
-
-    image(tmp_path / "files.img", I.FILES_MAGIC, [
-        reg(1, "/dev/shm/torch_1_2_3", 8192),        # held open: recreated
-        reg(2, "/dev/shm/torch_1_2_4", 4096),        # only mapped
-        reg(3, "/dev/shm/other_1", 4096),            # held open, not torch's
-        reg(4, "/dev/shm/torch_1_2_5", 4096),        # held open, still exists
-    ])
-    image(tmp_path / "fdinfo-2.img", I.FDINFO_MAGIC,
-          [field(1, i) + field(2, 0) + field(3, I.FD_TYPE_REG) + field(4, 10 + i) for i in (1, 3, 4)])
-    root = tmp_path / "root"
-    (root / "dev" / "shm").mkdir(parents=True)
-    (root / "dev" / "shm" / "torch_1_2_5").write_bytes(b"data")
-    made = torch_shm.recreate(tmp_path, root=str(root))
-    assert made == [str(root / "dev" / "shm" / "torch_1_2_3")]
-    assert (root / "dev" / "shm" / "torch_1_2_3").read_bytes() == bytes(8192)
-    assert (root / "dev" / "shm" / "torch_1_2_5").read_bytes() == b"data"
-    torch_shm.remove(made)
-    assert not (root / "dev" / "shm" / "torch_1_2_3").exists()
