@@ -51,6 +51,12 @@ class CorruptSnapshot(CairnError):
         self.digest = digest
 
 
+class UnsafePath(CorruptSnapshot):
+    """A snapshot names a path a restore will not write: outside the roots the restoring side
+    configured, through a symlink, a device or another non-regular file, or a file with other
+    hard links. A snapshot carrying one is not trusted: it is skipped like a corrupt one."""
+
+
 class NoSnapshot(NotFound):
     """No committed snapshot that verifies exists for the key."""
 

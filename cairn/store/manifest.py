@@ -56,7 +56,7 @@ class FileEntry:
     path: str
     size: int
     chunks: tuple[ChunkRef, ...]
-    mode: int | None = None
+    mode: int | None = None  # as recorded; a restore applies ``mode & 0o777`` only
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "size": self.size}
@@ -183,6 +183,8 @@ def _parse(doc: object) -> Manifest:
         size = _int(raw["size"], f"size of {path}")
         mode = raw.get("mode")
         if mode is not None:
+            # Recorded as the writer saw it (a snapshot of a setuid file stays readable);
+            # every restore applies only the 0o777 bits (cairn.store.confined.masked_mode).
             mode = _int(mode, f"mode of {path}", hi=0o7777)
         chunks = []
         total = 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError, CorruptSnapshot, NotFound
 from cairn.store.backend import Backend
+from cairn.store.confined import masked_mode, open_beneath
 from cairn.store.fileops import OsFileOps
 from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
@@ -207,6 +208,8 @@ class SnapshotReader:
         Files go to a temporary sibling directory that replaces ``dest`` (which must not
         exist, or be an empty directory) only after every chunk verified and every file and
         directory was fsynced, so a power loss never leaves a ``dest`` that looks complete.
+        Modes are masked to 0o777 (no setuid, setgid or sticky bit) and owners are never
+        changed: a file belongs to whoever restores it.
         """
         dest = os.path.abspath(dest)
         if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
@@ -220,14 +223,17 @@ class SnapshotReader:
         try:
             for entry in self.manifest.files:
                 target = os.path.join(partial, *entry.path.split("/"))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
                 directories.add(os.path.dirname(target))
-                with open(target, "wb") as out:
+                # Confined (no symlink, no '..'), created exclusively, mode without setuid
+                # bits: a restore may run as root, and the manifest came from a shared store.
+                fd = open_beneath(partial, entry.path, flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                  mode=0o600)
+                with os.fdopen(fd, "wb") as out:
                     for piece in self._iter_entry(entry, progress):
                         out.write(piece)
                     out.flush()
                     if entry.mode is not None:
-                        os.fchmod(out.fileno(), entry.mode)
+                        os.fchmod(out.fileno(), masked_mode(entry.mode, path=entry.path))
                     os.fsync(out.fileno())
             for directory in sorted(directories, key=len, reverse=True):
                 _OS.fsync_dir(directory)
