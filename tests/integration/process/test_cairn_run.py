@@ -39,7 +39,10 @@ pytestmark = [
 
 
 @pytest.fixture()
-def place(tmp_path: Path) -> dict[str, Path]:
+def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    # The step runs in tmp_path (CairnRun's default cwd), so the files it appends to under
+    # workspace/ are inside its working directory, a track root (issue 15).
+    monkeypatch.chdir(tmp_path)
     work = tmp_path / "workspace"
     work.mkdir()
     return {"store": tmp_path / "store", "work": work, "cairn": work / "cairn",

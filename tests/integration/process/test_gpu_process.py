@@ -46,7 +46,9 @@ with open(sys.argv[3], "wb") as f:
 """
 
 
-def test_gpu_training_killed_and_resumed_bit_identical(tmp_path: Path) -> None:
+def test_gpu_training_killed_and_resumed_bit_identical(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the metrics file is in the working directory, a track root
     script = tmp_path / "gpu_train.py"
     script.write_text(SCRIPT)
     ref_metrics, ref = tmp_path / "ref.txt", tmp_path / "ref.bin"
