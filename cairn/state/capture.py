@@ -8,14 +8,13 @@ before :func:`apply` copies the first byte. Device placement follows the live ob
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from cairn.exceptions import ConfigError
+from cairn.state import loader_workers, rng
 
 
 class StateMismatch(ConfigError):
@@ -63,35 +62,19 @@ class Targets:
                 "torchdata.stateful_dataloader.StatefulDataLoader (a drop-in DataLoader), or pass "
                 "any object with state_dict()/load_state_dict() such as a stateful sampler"
             )
+        # Before the first iter(loader): workers started without the hook cannot save their
+        # RNGs, in this run's snapshots or on a resume.
+        loader_workers.install(loader)
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": [],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
-    return state
+    """This process's global RNG states (:func:`cairn.state.rng.capture`)."""
+    return rng.capture()
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(_tuples(state["python"]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available():
-        for index, cuda_state in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, index)
-
-
-def _tuples(value: Any) -> Any:
-    # random.setstate wants tuples all the way down.
-    if isinstance(value, (list, tuple)):
-        return tuple(_tuples(v) for v in value)
-    return value
+    """Put back :func:`rng_state`'s tree (:func:`cairn.state.rng.restore`)."""
+    rng.restore(state)
 
 
 def gather(targets: Targets, *, step: int, extras: dict[str, Any]) -> dict[str, Any]:
@@ -158,4 +141,10 @@ def apply(tree: dict[str, Any], targets: Targets) -> None:
         scaler.load_state_dict(tree["scalers"][name])
     if targets.loader is not None:
         targets.loader.load_state_dict(tree["loader"])
-    set_rng_state(tree["rng"])
+        # Creating the iterator draws from the global RNGs (its base seed); the uninterrupted
+        # run drew that at the epoch's start. Create it now, so the RNGs set below stand.
+        loader_workers.resume_iterator(targets.loader)
+    rng.restore(tree["rng"])
+    if targets.loader is not None:
+        loader_workers.log_if_not_exact(loader_workers.diagnose(targets.loader, tree["loader"]),
+                                        what=f"resuming at step {tree['step'] + 1}")

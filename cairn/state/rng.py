@@ -1,0 +1,78 @@
+"""The global random number generators a training process draws from, as a snapshot tree.
+
+:func:`capture` returns torch's CPU (and, once initialised, CUDA) generator states, numpy's
+legacy global ``RandomState`` and Python's ``random`` as a tree that :mod:`cairn.state.codec`
+stores without pickle: torch states are uint8 tensors, numpy's is its key array plus JSON
+numbers, Python's is a JSON list of ints. :func:`restore` puts such a tree back; it also
+accepts the tuple form that snapshots written before this module hold.
+
+numpy's ``default_rng()`` generators and other private generators are not global state: an
+object that owns one must save it itself (``state_dict``), as a dataset can.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import numpy as np
+
+from cairn.exceptions import CorruptSnapshot
+
+__all__ = ["capture", "restore"]
+
+
+def capture(*, cuda: bool = True) -> dict[str, Any]:
+    """This process's global RNG states (CUDA only if torch initialised it and ``cuda``)."""
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+        "numpy": {"kind": kind, "keys": np.array(keys, dtype=np.uint32), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": [],
+    }
+    if cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Set the global RNGs to ``state`` (from :func:`capture`). Raises CorruptSnapshot."""
+    import torch
+
+    try:
+        random.setstate(_python_state(state["python"]))
+        np.random.set_state(_numpy_state(state["numpy"]))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptSnapshot(f"the snapshot's RNG state is malformed: {e}") from None
+    cuda = state.get("cuda") or []
+    if cuda and "torch.cuda" in sys.modules and torch.cuda.is_available():
+        for index, cuda_state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
+
+
+def _python_state(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, dict):
+        return (int(value["version"]), tuple(int(v) for v in value["state"]),
+                None if value["gauss_next"] is None else float(value["gauss_next"]))
+    return _tuples(value)  # the tuple random.getstate() returns, as older snapshots hold it
+
+
+def _numpy_state(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, dict):
+        return (str(value["kind"]), np.asarray(value["keys"], dtype=np.uint32),
+                int(value["pos"]), int(value["has_gauss"]), float(value["cached_gaussian"]))
+    return tuple(value)
+
+
+def _tuples(value: Any) -> Any:
+    # random.setstate wants tuples all the way down.
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuples(v) for v in value)
+    return value
