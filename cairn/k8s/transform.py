@@ -208,6 +208,16 @@ def _process_security(spec: dict[str, Any], container: dict[str, Any],
     metadata.setdefault("annotations", {})[APPARMOR_ANNOTATION + name] = "unconfined"
 
 
+def _share_volume_group(spec: dict[str, Any]) -> None:
+    """The shared volume belongs to one group both containers are in (the pod's ``fsGroup``;
+    the sidecar's own group unless the pod sets one), so the spool and the channel files are
+    group-readable only, never world-readable (docs/security.md). ``OnRootMismatch``: the
+    kubelet re-chowns a volume only when its root is not the group's yet, not at every start."""
+    pod_sc = spec.setdefault("securityContext", {})
+    pod_sc.setdefault("fsGroup", SIDECAR_UID)
+    pod_sc.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
 def _avoid_maintenance(spec: dict[str, Any]) -> None:
     """AND "no scheduled maintenance" into every required node selector term (terms are ORed,
     expressions within one are ANDed)."""
@@ -501,6 +511,7 @@ def with_snapshot_sidecar(
         upload_to=(store, key) if mode is PodMode.PROCESS else None)
     if mode is PodMode.PROCESS:
         _uploader_access(main, sidecar, store)
+    _share_volume_group(spec)
     spec.setdefault("initContainers", []).insert(0, sidecar)
     if avoid_maintenance:
         _avoid_maintenance(spec)

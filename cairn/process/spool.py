@@ -19,10 +19,13 @@ Layout of ``DIR``::
     uploader.json              the uploader's heartbeat (rewritten every poll)
     .trash-<entry>/            an entry being deleted (renamed first: never half an entry)
 
-An entry without ``ticket.json`` is never taken. Everything is written to be read and
-deleted by the other container's user (the sidecar runs as uid 65532, the supervisor as
-root): directories are world-writable and files world-readable, which is safe on a volume
-only the pod's own containers mount.
+An entry without ``ticket.json`` is never taken. Entries hold process memory (tokens,
+credentials) and the command line, so they are readable by the two containers only, through a
+shared group: the pod's ``fsGroup`` (set by :mod:`cairn.k8s.transform`) owns the volume with
+the setgid bit, so everything made in it belongs to that group, and the sidecar (uid 65532)
+is in it. Files are 0640; directories 02770 (group write because the uploader writes its
+results and heartbeat here and deletes the entries it committed; setgid so new entries keep
+the group). Nothing is world-readable, writable or even traversable (docs/security.md).
 
 Stdlib and ``cairn.store`` only: the sidecar image has no CRIU and no torch.
 """
@@ -58,8 +61,8 @@ RESULT_SUFFIX = ".result.json"
 HEARTBEAT = "uploader.json"
 TRASH_PREFIX = ".trash-"
 _ENTRY = re.compile(r"^(\d{12})-(\d{6})-(\d{13})$")
-_DIR_MODE = 0o777
-_FILE_MODE = 0o644
+_DIR_MODE = 0o2770  # owner and the shared group only; setgid keeps the group on new entries
+_FILE_MODE = 0o640
 
 
 def entry_name(epoch: int, counter: int, now: float | None = None) -> str:
@@ -200,7 +203,8 @@ def _copy_prefix(source: str, dest: str, size: int) -> None:
 
 
 def _open_up(path: str) -> None:
-    """Make an entry readable and deletable by the other container's user."""
+    """Make an entry readable and deletable by the other container's user (through the
+    shared group), and by nobody else."""
     os.chmod(path, _DIR_MODE)
     for root, dirs, files in os.walk(path):
         for name in dirs:
@@ -221,9 +225,10 @@ class Spool:
         self._counter: dict[int, itertools.count[int]] = {}
 
     def ensure(self) -> None:
-        """Create the directory (world-writable: both containers' users write in it)."""
+        """Create the directory, writable by its owner and the shared group only (both
+        containers' users write in it; see the module docstring)."""
         if not os.path.isdir(self.path):
-            os.makedirs(self.path, exist_ok=True)
+            os.makedirs(self.path, mode=0o700, exist_ok=True)  # nobody else, even for a moment
             try:
                 os.chmod(self.path, _DIR_MODE)
             except PermissionError:
@@ -277,7 +282,7 @@ class Spool:
                     if parse_entry(e)[0] == epoch]  # type: ignore[index]
             self._counter[epoch] = itertools.count(max(used, default=0) + 1)
         entry = entry_name(epoch, next(self._counter[epoch]))
-        os.makedirs(self.images_dir(entry))
+        os.makedirs(self.images_dir(entry), mode=0o700)  # opened to the group at hand-off
         return entry
 
     def hand_off(self, entry: str, *, key: Key, store: str, epoch: int, last_seq: int,
@@ -296,6 +301,7 @@ class Spool:
                         last_seq=last_seq, parent_seq=parent_seq, compat=dict(compat),
                         info=dict(info), tracked=tuple(tracked), created_at=time.time())
         write_json_atomic(os.path.join(path, TICKET), ticket.to_json())
+        os.chmod(os.path.join(path, TICKET), _FILE_MODE)  # the command line is in it
         return ticket
 
     def cancel(self, entry: str) -> bool:

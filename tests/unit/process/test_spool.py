@@ -128,11 +128,12 @@ def test_the_entry_is_opened_up_to_the_sidecars_user(tmp_path: Path) -> None:
     os.chmod(Path(spool.images_dir(entry)) / "pages-1.img", 0o600)  # as CRIU leaves them
     spool.hand_off(entry, key=KEY, store="file:///s", epoch=3, last_seq=3, parent_seq=None,
                    compat={}, info={}, tracked_paths=[str(log_file)])
+    # Owner and the shared group (the pod's fsGroup) only: never world-readable (issue 15).
     for root, dirs, files in os.walk(spool.entry_path(entry)):
-        assert stat.S_IMODE(os.stat(root).st_mode) == 0o777
+        assert stat.S_IMODE(os.stat(root).st_mode) == 0o2770, root
         for name in files:
-            assert stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode) & 0o444 == 0o444, name
-    assert stat.S_IMODE(os.stat(spool.path).st_mode) == 0o777
+            assert stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode) == 0o640, name
+    assert stat.S_IMODE(os.stat(spool.path).st_mode) == 0o2770
 
 
 def test_tracked_files_are_copied_up_to_their_dumped_size(tmp_path: Path) -> None:
