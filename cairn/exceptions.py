@@ -97,3 +97,8 @@ class CriuFailed(ProcessError):
 class NotSnapshottable(ProcessError):
     """The workload holds something a snapshot cannot carry (the message names it and the
     fix): a file rewritten in place, an established TCP connection, unsupported GPU memory."""
+
+
+class GaveUp(CairnError):
+    """The resume policy says this step must not run again (it failed with its own error more
+    than ``max_error_retries`` times): fix the step, then clear or rerun it."""

@@ -1,22 +1,10 @@
 """``cairn``: put, get, list, inspect, verify, remove and garbage-collect snapshots.
 
-Exit codes (stable; scripts may rely on them):
-
-====  ==============================================================
-0     success
-1     unexpected internal error (a bug: please report it)
-2     bad usage or input (malformed URL, key, path or option)
-3     not found: no store at the URL, no such key, seq or snapshot
-4     verification failed: a snapshot is corrupt or incomplete
-5     fenced: another attempt moved the key's log on
-6     storage error: I/O, network or permission problem
-7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
-75    ``run``: preempted, a final snapshot was committed (retry to resume)
-76    ``run``: preempted, no final snapshot (the previous one is kept)
-130   interrupted (Ctrl-C)
-====  ==============================================================
-
-``cairn run`` otherwise exits with its command's own code (128 + N if signal N killed it).
+Exit codes are stable (scripts may rely on them) and defined in :mod:`cairn.runtime.exits`:
+0 success, 1 internal error, 2 bad usage or input, 3 not found, 4 verification failed, 5
+fenced, 6 storage error, 7 host not ready (``doctor``), 75/76 ``run`` preempted with / without
+a final snapshot, 130 interrupted. ``cairn run`` otherwise exits with its command's own code
+(128 + N if signal N killed it).
 
 Listing commands (``ls``, ``inspect``, ``verify``, ``gc``) accept ``--json``; so do ``put``
 and ``get``, which then print one JSON object describing what they did.
@@ -32,45 +20,15 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import cairn
-from cairn.exceptions import (
-    CairnError,
-    ConfigError,
-    CorruptSnapshot,
-    Fenced,
-    NotFound,
-    StoreError,
-)
 from cairn.cli.progress import ProgressBar, human_size
+from cairn.version import __version__
+from cairn.exceptions import CairnError, ConfigError, NotFound
+from cairn.runtime import env
+from cairn.runtime.durations import parse_duration
+from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.store import Key, Manifest, Store, open_store
 from cairn.store.slotlog import RecordKind
 
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_CORRUPT = 4
-EXIT_FENCED = 5
-EXIT_STORAGE = 6
-EXIT_NOT_READY = 7
-EXIT_INTERRUPTED = 130
-
-
-def exit_code_for(error: BaseException) -> int:
-    """The documented exit code for an error (see the module docstring)."""
-    if isinstance(error, ConfigError):
-        return EXIT_USAGE
-    if isinstance(error, NotFound):
-        return EXIT_NOT_FOUND
-    if isinstance(error, CorruptSnapshot):
-        return EXIT_CORRUPT
-    if isinstance(error, Fenced):
-        return EXIT_FENCED
-    if isinstance(error, (StoreError, OSError)):
-        return EXIT_STORAGE
-    if isinstance(error, CairnError):
-        return EXIT_INTERNAL
-    return EXIT_INTERNAL
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -124,7 +82,7 @@ def cmd_put(args: argparse.Namespace, store: Store) -> int:
     doc = _manifest_summary(manifest)
     _emit(args, doc, f"committed {key} seq {manifest.seq}: {len(manifest.files)} files, "
                      f"{human_size(manifest.bytes_logical)} ({human_size(manifest.bytes_written)} new)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- get --------------------------------------------------------------------------------------
@@ -141,7 +99,7 @@ def cmd_get(args: argparse.Namespace, store: Store) -> int:
              f"({human_size(result.manifest.bytes_logical)})"]
     lines += [f"  skipped seq {s}: {r}" for s, r in result.skipped]
     _emit(args, doc, "\n".join(lines))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- ls ---------------------------------------------------------------------------------------
@@ -173,7 +131,7 @@ def cmd_ls(args: argparse.Namespace, store: Store) -> int:
                          f"{_dash(r['latest_seq']):>5} {_dash(r['latest_step']):>8} "
                          f"{human_size(r['bytes_logical']):>10}")
         _emit(args, rows, "\n".join(lines))
-        return EXIT_OK
+        return ExitCode.OK
     key = Key.parse(args.key)
     records = store.history(key)
     if not records:
@@ -192,7 +150,7 @@ def cmd_ls(args: argparse.Namespace, store: Store) -> int:
                      f"{_dash(r.get('step')):>8} {_size_or_dash(r.get('bytes_logical')):>10} "
                      f"{_size_or_dash(r.get('bytes_written')):>10}")
     _emit(args, rows, "\n".join(lines))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _dash(value: object) -> str:
@@ -231,7 +189,7 @@ def cmd_inspect(args: argparse.Namespace, store: Store) -> int:
              f"{human_size(manifest.bytes_written)} written by this snapshot"]
     lines += [f"  {f.size:>14,d}  {f.path}" for f in manifest.files]
     _emit(args, doc, "\n".join(lines))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- verify -----------------------------------------------------------------------------------
@@ -257,7 +215,7 @@ def cmd_verify(args: argparse.Namespace, store: Store) -> int:
 
     lines += [f"corrupt {describe_shared(d, seqs)}: {r}" for d, (r, seqs) in report.bad_chunks.items()]
     _emit(args, doc, "\n".join(lines))
-    return EXIT_OK if report.ok else EXIT_CORRUPT
+    return ExitCode.OK if report.ok else ExitCode.CORRUPT
 
 
 # -- rm, gc -----------------------------------------------------------------------------------
@@ -269,7 +227,7 @@ def cmd_rm(args: argparse.Namespace, store: Store) -> int:
     removed = store.remove(key)
     _emit(args, {"key": str(key), "snapshots_removed": removed},
           f"removed {key}: {removed} snapshots (run `cairn gc` to free their space)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_gc(args: argparse.Namespace, store: Store) -> int:
@@ -288,19 +246,16 @@ def cmd_gc(args: argparse.Namespace, store: Store) -> int:
     verb = "would free" if report.dry_run else "freed"
     _emit(args, doc, f"{verb} {human_size(report.bytes_freed)} in {len(report.deleted)} packs "
                      f"({report.packs_referenced} in use, {report.packs_in_grace} within grace)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 # -- parser -----------------------------------------------------------------------------------
 
 def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        if text[-1:] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m or 1h") from None
+        return parse_duration(text, allow_zero=True)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # -- doctor -----------------------------------------------------------------------------------
@@ -310,7 +265,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     report = run_doctor(preflight=args.preflight)
     print(report.to_json() if args.json else report.format_text())
-    return EXIT_OK if report.ok else EXIT_NOT_READY
+    return ExitCode.OK if report.ok else ExitCode.NOT_READY
 
 
 # -- run --------------------------------------------------------------------------------------
@@ -325,8 +280,7 @@ After the command exits 0 the key is marked done and its snapshots removed (--ke
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cairn.policy.resume import parse_seqs
-    from cairn.process.supervisor import OnSuccess, RunSettings, parse_duration, run
+    from cairn.process.supervisor import OnSuccess, RunSettings, run
 
     command = list(args.cmd)
     if command[:1] == ["--"]:
@@ -335,18 +289,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         settings = RunSettings(
             store=args.run_store, key=args.key, argv=tuple(command),
             every_s=None if args.every in ("0", "never") else parse_duration(args.every),
-            grace_s=0.0 if args.grace in ("0", "0s") else parse_duration(args.grace),
+            grace_s=parse_duration(args.grace, allow_zero=True, name="--grace"),
             workdir=args.workdir, ghost_limit=args.ghost_limit_mb << 20,
             on_success=OnSuccess.KEEP if args.keep else OnSuccess.DROP,
             preflight=not args.no_preflight, echo=not args.no_echo,
             notice_file=args.notice_file or None, status_file=args.status_file or None,
-            exclude_seqs=parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
+            exclude_seqs=env.parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
             spool_dir=None if args.no_spool else (args.spool or None),
-            spool_wait_s=parse_duration(args.spool_wait) if args.spool_wait not in ("0", "0s")
-            else 0.0)
+            spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"))
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     return run(settings)
 
 
@@ -355,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
                "5 fenced, 6 storage error, 7 host not ready (doctor), 130 interrupted.")
-    parser.add_argument("--version", action="version", version=f"cairn {cairn.__version__}")
+    parser.add_argument("--version", action="version", version=f"cairn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -423,9 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", default="30s", metavar="DURATION",
                    help="time between SIGTERM and SIGKILL (default 30s, Kubernetes' default): "
                         "a final snapshot is taken only if the last one took less")
-    p.add_argument("--workdir", default=os.environ.get("CAIRN_WORKDIR", "/var/tmp/cairn/run"),
-                   help="logs and staging; the same path on every node (default $CAIRN_WORKDIR "
-                        "or /var/tmp/cairn/run)")
+    p.add_argument("--workdir", default=env.WORKDIR.get(),
+                   help=f"logs and staging; the same path on every node (default ${env.WORKDIR} "
+                        f"or {env.WORKDIR.default})")
     p.add_argument("--ghost-limit-mb", type=int, default=512, metavar="MB",
                    help="largest deleted-but-open file (e.g. DataLoader shared memory in "
                         "/dev/shm) saved into a snapshot (default 512)")
@@ -435,25 +388,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the host checks at start (cairn doctor --preflight)")
     p.add_argument("--no-echo", action="store_true",
                    help="do not copy the command's output to this terminal")
-    p.add_argument("--notice-file", default=os.environ.get("CAIRN_NOTICE_FILE"), metavar="PATH",
+    p.add_argument("--notice-file", default=env.NOTICE_FILE.get(), metavar="PATH",
                    help="a preemption notice file written by `cairn sidecar`, polled every "
-                        "second and treated like SIGTERM (default $CAIRN_NOTICE_FILE)")
-    p.add_argument("--status-file", default=os.environ.get("CAIRN_STATUS_FILE"), metavar="PATH",
+                        f"second and treated like SIGTERM (default ${env.NOTICE_FILE})")
+    p.add_argument("--status-file", default=env.STATUS_FILE.get(), metavar="PATH",
                    help="write snapshot counters here after each snapshot, for `cairn sidecar`'s "
-                        "metrics (default $CAIRN_STATUS_FILE)")
-    p.add_argument("--spool", default=os.environ.get("CAIRN_SPOOL_DIR"), metavar="DIR",
+                        f"metrics (default ${env.STATUS_FILE})")
+    p.add_argument("--spool", default=env.SPOOL_DIR.get(), metavar="DIR",
                    help="hand each dump to `cairn sidecar --upload` through DIR on a shared "
                         "volume instead of writing the store: a snapshot then costs only the "
-                        "dump (default $CAIRN_SPOOL_DIR)")
+                        f"dump (default ${env.SPOOL_DIR})")
     p.add_argument("--no-spool", action="store_true",
-                   help="write the store from this process even if $CAIRN_SPOOL_DIR is set")
+                   help=f"write the store from this process even if ${env.SPOOL_DIR} is set")
     p.add_argument("--spool-wait", default="60s", metavar="DURATION",
                    help="at start, how long to wait for the sidecar to upload what an earlier "
                         "run spooled (default 60s; 0 not at all)")
-    p.add_argument("--exclude-seqs", default=os.environ.get("CAIRN_EXCLUDE_SEQS"),
+    p.add_argument("--exclude-seqs", default=env.EXCLUDE_SEQS.get(),
                    metavar="SEQ,...",
                    help="snapshots never to restore, e.g. 12,15 (a resume policy's loop guard; "
-                        "default $CAIRN_EXCLUDE_SEQS)")
+                        f"default ${env.EXCLUDE_SEQS})")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     p.set_defaults(func=cmd_run, store=None)
@@ -477,11 +430,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.func(args, store)
     except KeyboardInterrupt:
         print("cairn: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except BrokenPipeError:
         # The reader of our output went away (`cairn ls | head`); that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return ExitCode.OK
     except (CairnError, OSError) as e:
         code = exit_code_for(e)
         print(f"cairn: error: {e}", file=sys.stderr)

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from cairn.exceptions import ConfigError
+from cairn.runtime import env
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ def make_checkpointer(*, checkpointer: Any, store: Any, key: Any, options: dict[
             raise ConfigError("pass checkpointer= or store=/key= and options, not both")
         return checkpointer
     if (store is None) != (key is None):
-        raise ConfigError("pass both store= and key=, or neither (then CAIRN_STORE and CAIRN_KEY "
-                          "are read)")
+        raise ConfigError(f"pass both store= and key=, or neither (then {env.STORE} and "
+                          f"{env.KEY} are read)")
     if store is None:
         return Checkpointer.from_env(**options)
     return Checkpointer(store=store, key=key, **options)

@@ -2,7 +2,7 @@
 
 ``from cairn.k8s import with_snapshot_sidecar``. Importing this package pulls in nothing heavy
 (the ``kubernetes`` client is optional and imported only when a ``V1Pod`` is passed), since the
-supervisor imports :mod:`cairn.k8s.channel` from here.
+its watchers and sidecar are imported by the Airflow provider, which must stay light.
 """
 
 from __future__ import annotations

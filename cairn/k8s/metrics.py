@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from cairn.k8s.channel import Status
+from cairn.runtime.channel import Status
 
 if TYPE_CHECKING:
     from cairn.k8s.uploader import UploadStats

@@ -2,7 +2,7 @@
 
 It watches for preemption notices (the GCE metadata server, optionally the node's maintenance
 label, its own SIGTERM), hands them to the supervisor in the main container through the notice
-file on the shared volume (:mod:`cairn.k8s.channel`), and serves ``/readyz`` and ``/metrics``
+file on the shared volume (:mod:`cairn.runtime.channel`), and serves ``/readyz`` and ``/metrics``
 from the status file the supervisor writes there. The supervisor decides, by its measured
 snapshot cost and the notice's deadline, whether a final snapshot fits.
 
@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
-from cairn.k8s import channel, metrics
+from cairn.k8s import metrics
+from cairn.runtime import channel
 from cairn.k8s.uploader import Uploader, UploadSettings
 from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
-from cairn.wakeup import Wakeup
+from cairn.runtime.wakeup import Wakeup
 
 log = logging.getLogger("cairn.sidecar")
 
@@ -95,7 +96,7 @@ class Sidecar:
                     notice.seconds_left())
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
-        # Only record and wake: a handler that takes a lock can deadlock (cairn.wakeup).
+        # Only record and wake: a handler that takes a lock can deadlock (cairn.runtime.wakeup).
         if self._signum is None:
             self._signum = signum
         self._wake.set()

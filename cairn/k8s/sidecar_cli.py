@@ -61,7 +61,7 @@ def _settings(args: argparse.Namespace) -> Any:
     from cairn.k8s.sidecar import SidecarSettings
     from cairn.k8s.uploader import UploadSettings
     from cairn.k8s.watchers import MetadataSettings, NodeSettings, metadata_url_from_env
-    from cairn.process.supervisor import parse_duration
+    from cairn.runtime.durations import parse_duration
 
     metadata = None
     if not args.no_metadata:

@@ -31,7 +31,7 @@ import warnings
 from typing import Any
 
 from cairn.exceptions import ConfigError
-from cairn.k8s import channel
+from cairn.runtime import channel, env
 from cairn.k8s.quantity import format_bytes, parse_bytes, round_up_mib
 from cairn.k8s.watchers import MAINTENANCE_LABEL
 from cairn.store.keys import Key
@@ -88,7 +88,9 @@ class StoreAccessWarning(UserWarning):
     """The uploading sidecar cannot reach the store the way the main container can."""
 
 
-def _coerce(enum_type: type[enum.Enum], value: object, what: str) -> Any:
+def coerce_option(enum_type: type[enum.Enum], value: object, what: str) -> Any:
+    """``value`` (a member or its value) as a member of ``enum_type``; ConfigError naming the
+    choices otherwise."""
     try:
         return enum_type(value.value if isinstance(value, enum.Enum) else value)
     except ValueError:
@@ -112,7 +114,8 @@ def _as_manifest(pod: object) -> tuple[dict[str, Any], bool]:
                       f"not {type(pod).__name__}")
 
 
-def _to_v1pod(manifest: dict[str, Any]) -> Any:
+def to_v1pod(manifest: dict[str, Any]) -> Any:
+    """A camelCase pod manifest as the ``kubernetes`` client's ``V1Pod``."""
     from kubernetes.client import ApiClient
 
     text = json.dumps(manifest)
@@ -382,8 +385,8 @@ def with_snapshot_sidecar(
     file or of a path store; a :class:`StoreAccessWarning` when a path store is on no volume).
     Raises :class:`ConfigError` naming the fix for bad input.
     """
-    mode = _coerce(PodMode, mode, "mode")
-    staging = _coerce(Staging, staging, "staging")
+    mode = coerce_option(PodMode, mode, "mode")
+    staging = coerce_option(Staging, staging, "staging")
     store = _check_store(store)
     Key.parse(key)  # raises ConfigError with the key rules
     if not isinstance(sidecar_image, str) or not sidecar_image.strip():
@@ -436,7 +439,7 @@ def with_snapshot_sidecar(
             raise ConfigError("process mode needs the main container in its own PID namespace "
                               "(CRIU restores exact PIDs): remove shareProcessNamespace")
         if every not in ("0", "never"):
-            from cairn.process.supervisor import parse_duration
+            from cairn.runtime.durations import parse_duration
 
             parse_duration(every)  # raises ConfigError naming the accepted forms
         argv = list(main.get("command") or []) + list(main.get("args") or [])
@@ -497,11 +500,11 @@ def with_snapshot_sidecar(
                            "--", *argv]
         main.pop("args", None)
         # The sidecar uploads: `cairn run` only dumps into the spool (ADR 0014).
-        _merge_env(main, {"CAIRN_SPOOL_DIR": SPOOL_PATH})
+        _merge_env(main, {env.SPOOL_DIR.name: SPOOL_PATH})
         _process_security(spec, main, metadata)
     else:
-        _merge_env(main, {"CAIRN_STORE": store, "CAIRN_KEY": key,
-                          "CAIRN_NOTICE_FILE": notice_file, "CAIRN_STATUS_FILE": status_file})
+        _merge_env(main, {env.STORE.name: store, env.KEY.name: key,
+                          env.NOTICE_FILE.name: notice_file, env.STATUS_FILE.name: status_file})
 
     window = grace if cap_s is None else min(float(grace), cap_s)
     sidecar = _sidecar(
@@ -515,7 +518,7 @@ def with_snapshot_sidecar(
     spec.setdefault("initContainers", []).insert(0, sidecar)
     if avoid_maintenance:
         _avoid_maintenance(spec)
-    return _to_v1pod(manifest) if was_v1pod else manifest
+    return to_v1pod(manifest) if was_v1pod else manifest
 
 
 def node_reader_rbac(*, service_account: str, namespace: str,

@@ -132,13 +132,13 @@ class Uploader:
 
     def _finish(self, result: Any, *, ticket: Any = None) -> None:
         """Leave the verdict for the supervisor, then delete the entry."""
-        from cairn.process.spool import Outcome
+        from cairn.process.spool import UploadOutcome
 
         self.spool.write_result(result)
         self.spool.remove(result.entry)
         self._retry_at.pop(result.entry, None)
         self._tries.pop(result.entry, None)
-        if result.outcome is Outcome.COMMITTED:
+        if result.outcome is UploadOutcome.COMMITTED:
             st = self.stats
             self._update(committed=st.committed + 1,
                          bytes_written=st.bytes_written + result.bytes_written,
@@ -148,7 +148,7 @@ class Uploader:
                         result.entry, result.seq, result.bytes_written / 1e6,
                         result.image_bytes / 1e6, result.upload_s,
                         f" ({result.detail})" if result.detail else "")
-        elif result.outcome in (Outcome.FENCED, Outcome.INVALID):
+        elif result.outcome in (UploadOutcome.FENCED, UploadOutcome.INVALID):
             self._drop(result.outcome.value, f"entry {result.entry}: {result.detail}")
             log.error("dropped entry %s (%s): %s", result.entry, result.outcome.value,
                       result.detail)
@@ -159,7 +159,7 @@ class Uploader:
 
     def step(self) -> bool:
         """Handle at most one entry; whether anything was done (else the caller waits)."""
-        from cairn.process.spool import Outcome, Result, parse_entry, upload
+        from cairn.process.spool import UploadOutcome, Result, parse_entry, upload
 
         spool = self.spool
         complete: list[tuple[str, Any]] = []
@@ -168,13 +168,13 @@ class Uploader:
                 try:
                     ticket = spool.read_ticket(entry)
                 except ConfigError as e:
-                    self._finish(Result(entry, Outcome.INVALID, parse_entry(entry)[0],  # type: ignore[index]
+                    self._finish(Result(entry, UploadOutcome.INVALID, parse_entry(entry)[0],  # type: ignore[index]
                                         detail=str(e)))
                     return True
                 if ticket is None:  # cancelled between the two looks
                     continue
                 if self._key is not None and ticket.key != self._key:
-                    self._finish(Result(entry, Outcome.INVALID, ticket.epoch,
+                    self._finish(Result(entry, UploadOutcome.INVALID, ticket.epoch,
                                         detail=f"its key {'/'.join(ticket.key)} is not this "
                                                f"sidecar's --key {self.settings.key}"))
                     return True
@@ -187,7 +187,7 @@ class Uploader:
         entry, ticket = complete[0]
         newer = [e for e, t in complete[1:] if (t.key, t.epoch) == (ticket.key, ticket.epoch)]
         if newer:
-            self._finish(Result(entry, Outcome.SUPERSEDED, ticket.epoch,
+            self._finish(Result(entry, UploadOutcome.SUPERSEDED, ticket.epoch,
                                 detail=f"entry {newer[-1]} is newer"))
             return True
         if self._clock() < self._retry_at.get(entry, 0.0):
@@ -197,7 +197,7 @@ class Uploader:
             result = upload(self._store(url), spool, ticket)
         except (CairnError, OSError) as e:
             if not spool.is_complete(entry):
-                self._finish(Result(entry, Outcome.CANCELLED, ticket.epoch,
+                self._finish(Result(entry, UploadOutcome.CANCELLED, ticket.epoch,
                                     detail=f"withdrawn during the upload ({e})"))
                 return True
             tries = self._tries.get(entry, 0) + 1

@@ -1,6 +1,6 @@
 """Preemption watchers for the sidecar: the GCE metadata server and the node's maintenance label.
 
-Each watcher is a daemon thread that calls ``on_notice`` with a :class:`~cairn.k8s.channel.Notice`
+Each watcher is a daemon thread that calls ``on_notice`` with a :class:`~cairn.runtime.channel.Notice`
 when it learns that the node is going away, and never raises out of its thread: a watcher that
 cannot reach its source (not on GCE, no RBAC) logs that once, backs off and keeps trying.
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
-from cairn.k8s.channel import Notice
+from cairn.runtime.channel import Notice
 
 log = logging.getLogger("cairn.sidecar")
 

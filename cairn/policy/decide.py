@@ -35,7 +35,8 @@ from datetime import datetime
 from cairn.exceptions import ConfigError
 from cairn.policy.history import History
 from cairn.policy.options import CapacityOption, check_options
-from cairn.state.triggers import young_daly_interval
+from cairn.runtime import env
+from cairn.runtime.interval import young_daly_interval
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,9 @@ class Placement:
     def env(self) -> dict[str, str]:
         """Environment for the try: its snapshot interval (the Checkpointer's
         ``CAIRN_EVERY_SECONDS``) and the option and reason to copy into its outcome record."""
-        return {"CAIRN_EVERY_SECONDS": str(max(1, round(self.snapshot_interval_s))),
-                "CAIRN_PLACEMENT_OPTION": self.option.name,
-                "CAIRN_PLACEMENT_REASON": self.reason}
+        return {env.EVERY_SECONDS.name: str(max(1, round(self.snapshot_interval_s))),
+                env.PLACEMENT_OPTION.name: self.option.name,
+                env.PLACEMENT_REASON.name: self.reason}
 
 
 def _seconds(value: float | datetime | None, *, what: str) -> float | None:

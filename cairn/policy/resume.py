@@ -25,18 +25,21 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.policy.history import History
+from cairn.runtime.env import format_seqs, parse_seqs
 from cairn.store.outcomes import Outcome, OutcomeKind, SnapPoint, TryLog
 
-EXCLUDE_SEQS_ENV = "CAIRN_EXCLUDE_SEQS"  # read by Checkpointer.from_env()
 
 # Tries ended by something other than the step: they say nothing about a bad snapshot.
 _NOT_THE_STEPS_DOING = frozenset({OutcomeKind.PREEMPTED, OutcomeKind.EVICTED,
                                   OutcomeKind.FENCED, OutcomeKind.SUCCEEDED})
+
+
+__all__ = ["AfterTry", "ResumeOn", "ResumePlan", "ResumePolicy", "after_try", "format_seqs",
+           "parse_seqs", "plan_resume", "since_done"]
 
 
 class ResumeOn(str, enum.Enum):
@@ -153,20 +156,3 @@ def after_try(plan: ResumePlan, policy: ResumePolicy, ended: OutcomeKind) -> Aft
     if ended.interrupted and plan.preemptions + 1 <= policy.max_preemptions:
         return AfterTry.RESCHEDULE
     return AfterTry.RETRY
-
-
-def parse_seqs(text: str, *, source: str = "the seq list") -> frozenset[int]:
-    """``"12,15"`` → ``{12, 15}``; an empty text is the empty set."""
-    try:
-        seqs = frozenset(int(part) for part in text.replace(" ", "").split(",") if part)
-    except ValueError:
-        raise ConfigError(f"{source} must be comma-separated snapshot seqs, e.g. 12,15; "
-                          f"got {text!r}") from None
-    if any(seq < 1 for seq in seqs):
-        raise ConfigError(f"{source}: snapshot seqs are positive integers; got {text!r}")
-    return seqs
-
-
-def format_seqs(seqs: Iterable[int]) -> str:
-    """The inverse of :func:`parse_seqs`, sorted."""
-    return ",".join(str(seq) for seq in sorted(seqs))

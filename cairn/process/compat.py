@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cairn.process.criu import criu_version, format_version
+from cairn.runtime.env import IMAGE_DIGEST
 from cairn.store.hashing import digest
 
-IMAGE_DIGEST_ENV = "CAIRN_IMAGE_DIGEST"  # set by the Kubernetes / KFP integrations when known
 RECORD_SCHEMA = "cairn.process-compat/1"
 
 
@@ -124,7 +124,7 @@ def current_record(argv: Sequence[str], *, cwd: str, criu: str | None,
         "criu": format_version(version) if version else None,
         "cpu_model": model,
         "cpu_flags": " ".join(flags),
-        "image_digest": env.get(IMAGE_DIGEST_ENV) or None,
+        "image_digest": env.get(IMAGE_DIGEST.name) or None,
         "gpu_models": gpus["models"],
         "gpu_count": gpus["count"],
         "nvidia_driver": gpus["driver"],

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError, CriuFailed
+from cairn.runtime.env import CRIU as CRIU_VAR
 
-ENV_VAR = "CAIRN_CRIU"
+ENV_VAR = CRIU_VAR.name
 DEFAULT_PATH = "/usr/local/sbin/criu"
 MIN_VERSION: tuple[int, ...] = (4,)  # 4.0 brought the CUDA plugin that GPU processes need
 CHECK_TIMEOUT_S = 60.0

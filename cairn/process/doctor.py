@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
+from cairn.runtime.env import CRIU as CRIU_VAR
 from cairn.process import criu as criu_mod
 
 Reader = Callable[[str], "str | None"]
@@ -292,7 +293,7 @@ def _lacking(preflight: bool) -> Status:
     return Status.FAIL if preflight else Status.WARN
 
 
-_CRIU_FIX = "run `sudo bash scripts/build_criu.sh` (builds CRIU 4.1.1) or set CAIRN_CRIU to a criu >= 4"
+_CRIU_FIX = "run `sudo bash scripts/build_criu.sh` (builds CRIU 4.1.1) or set " + CRIU_VAR.name + " to a criu >= 4"
 
 
 def check_criu_binary(path: str | None, version: tuple[int, ...] | None, *, preflight: bool,
@@ -300,7 +301,7 @@ def check_criu_binary(path: str | None, version: tuple[int, ...] | None, *, pref
     if error:
         return Check("criu", _lacking(preflight), error, _CRIU_FIX)
     if path is None:
-        return Check("criu", _lacking(preflight), "no criu binary (CAIRN_CRIU, PATH, /usr/local/sbin)",
+        return Check("criu", _lacking(preflight), f"no criu binary ({CRIU_VAR}, PATH, /usr/local/sbin)",
                      _CRIU_FIX)
     if version is None:
         return Check("criu", _lacking(preflight), f"{path}: cannot read its version", _CRIU_FIX)

@@ -34,12 +34,13 @@ from cairn.process import criu as criu_mod
 from cairn.process.images import RegFile, pages_cuts_by_file, read_dump_stats, read_reg_files
 from cairn.store import Manifest, SnapshotMode, Store
 from cairn.store.confined import normalize_roots, open_beneath, split_under
+from cairn.runtime.env import TRACK_ROOTS
 
 IMAGES = "images"
 FILES = "files"
 # Extra directories tracked files may live under, separated by os.pathsep (":"); also set by
-# the integrations. Registered as cairn.runtime.env.TRACK_ROOTS: use that once it is committed.
-TRACK_ROOTS_ENV = "CAIRN_TRACK_ROOTS"
+# the integrations.
+TRACK_ROOTS_ENV = TRACK_ROOTS.name
 
 log = logging.getLogger("cairn.run")
 

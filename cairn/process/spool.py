@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn.exceptions import ConfigError, CorruptSnapshot, Fenced, NotFound
-from cairn.k8s.channel import write_json_atomic
+from cairn.runtime.channel import write_json_atomic
 from cairn.process.images import read_reg_files
 from cairn.process.snapshot import IMAGES, FILES, IngestReport, TrackedFile, commit_dump, \
     tracked_sizes
@@ -129,7 +129,7 @@ class Ticket:
         return ticket
 
 
-class Outcome(str, enum.Enum):
+class UploadOutcome(str, enum.Enum):
     """What became of an entry."""
 
     COMMITTED = "committed"  # a snap record holds it (seq)
@@ -145,7 +145,7 @@ class Result:
     """The uploader's verdict on one entry, left for the supervisor as ``<entry>.result.json``."""
 
     entry: str
-    outcome: Outcome
+    outcome: UploadOutcome
     epoch: int | None = None
     seq: int | None = None
     detail: str = ""
@@ -166,7 +166,7 @@ class Result:
         if not isinstance(doc, dict) or doc.get("version") != SPOOL_VERSION:
             raise ConfigError("not a spool result of this cairn version")
         try:
-            return cls(entry=str(doc["entry"]), outcome=Outcome(doc["outcome"]),
+            return cls(entry=str(doc["entry"]), outcome=UploadOutcome(doc["outcome"]),
                        epoch=None if doc.get("epoch") is None else int(doc["epoch"]),
                        seq=None if doc.get("seq") is None else int(doc["seq"]),
                        detail=str(doc.get("detail", "")),
@@ -427,14 +427,14 @@ def upload(store: Store, spool: Spool, ticket: Ticket) -> Result:
     attempt = store.resume_attempt(key, epoch=ticket.epoch, last_seq=ticket.last_seq,
                                    parent_seq=ticket.parent_seq)
     if attempt.fenced:
-        return Result(ticket.entry, Outcome.FENCED, ticket.epoch,
+        return Result(ticket.entry, UploadOutcome.FENCED, ticket.epoch,
                       detail=f"a newer attempt opened key {key} after epoch {ticket.epoch}")
     tail = _record(store, key, attempt.log.last_seq)
     if tail is not None and tail.kind is RecordKind.DONE:
-        return Result(ticket.entry, Outcome.FINISHED, ticket.epoch,
+        return Result(ticket.entry, UploadOutcome.FINISHED, ticket.epoch,
                       detail=f"key {key} was marked done at seq {tail.seq}")
     if tail is not None and _entry_of(tail) == ticket.entry:
-        return Result(ticket.entry, Outcome.COMMITTED, ticket.epoch, seq=tail.seq,
+        return Result(ticket.entry, UploadOutcome.COMMITTED, ticket.epoch, seq=tail.seq,
                       detail="committed before this uploader could report it")
     entry_path = spool.entry_path(ticket.entry)
     sources = [os.path.join(entry_path, FILES, str(i)) for i in range(len(ticket.tracked))]
@@ -449,19 +449,19 @@ def upload(store: Store, spool: Spool, ticket: Ticket) -> Result:
             compat=ticket.compat, info={**ticket.info, "spool_entry": ticket.entry},
             before_commit=still_wanted)
     except Withdrawn:
-        return Result(ticket.entry, Outcome.CANCELLED, ticket.epoch,
+        return Result(ticket.entry, UploadOutcome.CANCELLED, ticket.epoch,
                       detail="withdrawn by the supervisor during the upload")
     except Fenced:
         taken = _record(store, key, attempt.log.next_seq)
         if taken is not None and taken.epoch == ticket.epoch and taken.kind is RecordKind.DONE:
-            return Result(ticket.entry, Outcome.FINISHED, ticket.epoch,
+            return Result(ticket.entry, UploadOutcome.FINISHED, ticket.epoch,
                           detail=f"key {key} was marked done at seq {taken.seq} meanwhile")
         if taken is not None and taken.epoch == ticket.epoch and _entry_of(taken) == ticket.entry:
-            return Result(ticket.entry, Outcome.COMMITTED, ticket.epoch, seq=taken.seq,
+            return Result(ticket.entry, UploadOutcome.COMMITTED, ticket.epoch, seq=taken.seq,
                           detail="committed by another uploader")
-        return Result(ticket.entry, Outcome.FENCED, ticket.epoch,
+        return Result(ticket.entry, UploadOutcome.FENCED, ticket.epoch,
                       detail=f"seq {attempt.log.next_seq} of key {key} was taken by another "
                              "attempt")
-    return Result(ticket.entry, Outcome.COMMITTED, ticket.epoch, seq=report.manifest.seq,
+    return Result(ticket.entry, UploadOutcome.COMMITTED, ticket.epoch, seq=report.manifest.seq,
                   bytes_written=report.bytes_written, image_bytes=report.image_bytes,
                   frozen_us=report.frozen_us, upload_s=round(time.monotonic() - started, 3))

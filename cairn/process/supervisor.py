@@ -17,7 +17,7 @@ The supervisor is the command's parent for its whole life:
   and a restored one keeps it, because CRIU restores it as the supervisor's child
   (``--restore-sibling``); the supervisor is also a child subreaper;
 * SIGTERM/SIGINT, or a notice file written by the Kubernetes sidecar (``notice_file``, see
-  :mod:`cairn.k8s.channel`): a final dump (which stops the workload) only if the last measured
+  :mod:`cairn.runtime.channel`): a final dump (which stops the workload) only if the last measured
   snapshot cost fits the budget — what is left of the grace, and of the notice's deadline; the
   exit code says whether it was committed;
 * with ``status_file`` it reports its counters there after each snapshot (the sidecar serves
@@ -25,9 +25,9 @@ The supervisor is the command's parent for its whole life:
 * when the command succeeds the key is marked done and its snapshots dropped (spooled entries
   not yet uploaded are cancelled first: they would be dropped anyway).
 
-Exit codes: the workload's own when it ends by itself (128 + N when killed by signal N);
-:data:`EXIT_PREEMPTED_SAVED`, :data:`EXIT_PREEMPTED_KEPT`; the CLI's 2 (usage), 5 (fenced),
-6 (storage) and 7 (host not ready). Only the main thread forks (a parent-death signal follows
+Exit codes (:mod:`cairn.runtime.exits`): the workload's own when it ends by itself (128 + N
+when killed by signal N); 75/76 preempted with / without a final snapshot; 2 (usage), 5
+(fenced), 6 (storage) and 7 (host not ready). Only the main thread forks (a parent-death signal follows
 the *thread* that forked).
 """
 
@@ -38,7 +38,6 @@ import dataclasses
 import enum
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -59,7 +58,6 @@ from cairn.exceptions import (
     NotSnapshottable,
     StoreError,
 )
-from cairn.k8s import channel  # stdlib only: the notice/status files shared with the sidecar
 from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
@@ -69,40 +67,23 @@ from cairn.process import spool as spool_mod
 from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
-from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
+from cairn.runtime import channel, env
+from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
+from cairn.runtime.endings import record_exit
+from cairn.runtime.exits import ExitCode, from_wait_status
+from cairn.runtime.wakeup import Wakeup
 from cairn.store.hashing import digest
-from cairn.wakeup import Wakeup
 
 log = logging.getLogger("cairn.run")
 
-EXIT_USAGE = 2
-EXIT_FENCED = 5
-EXIT_STORAGE = 6
-EXIT_NOT_READY = 7
-EXIT_PREEMPTED_SAVED = 75  # preempted; a final snapshot was committed (EX_TEMPFAIL: retry)
-EXIT_PREEMPTED_KEPT = 76  # preempted; no final snapshot, the previous one (if any) is kept
-
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-DEFAULT_WORKDIR = "/var/tmp/cairn/run"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-# Conservative throughput for a first final dump when none was measured yet.
-_UNMEASURED_BYTES_PER_S = 100e6
+DEFAULT_WORKDIR: str = env.WORKDIR.default  # type: ignore[assignment]
 DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
 FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but at least this
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
 UPLOADER_MAX_AGE_S = 10.0  # an uploader heartbeat older than this: no uploader is running
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
-
-
-def parse_duration(text: str) -> float:
-    """``"30s"``, ``"10m"``, ``"1h"``, ``"1.5h"``, ``"45"`` (seconds) to seconds."""
-    m = _DURATION.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"bad duration {text!r}: give a positive number with an optional unit "
-                          "(ms, s, m, h, d), like 30s, 10m or 1h")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 class OnSuccess(str, enum.Enum):
@@ -176,14 +157,6 @@ def _describe_pid(pid: int) -> str:
     return "a zombie not yet reaped" if state == "Z" else (cmd[:80] or "?")
 
 
-def _exit_code(status: int) -> int:
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return 1
-
-
 class _LogEcho(threading.Thread):
     """Copies what the workload appends to its log files to the supervisor's stdout/stderr.
     Touches only the two files it reads and the two streams it writes."""
@@ -238,7 +211,7 @@ class Supervisor:
         self.cost = DumpCost()
         self.child: int | None = None
         self.restored_from: int | None = None
-        self._wake = Wakeup()  # raised by the signal handlers (see cairn.wakeup for why a pipe)
+        self._wake = Wakeup()  # raised by the signal handlers (see cairn.runtime.wakeup for why a pipe)
         self._signal: int | None = None
         self._signal_at = 0.0
         self._criu: str | None = None
@@ -288,12 +261,12 @@ class Supervisor:
             report = run_doctor(preflight=True)
             if not report.ok:
                 log.error("this host cannot run process mode:\n%s", report.format_text())
-                return EXIT_NOT_READY
+                return ExitCode.NOT_READY
         try:
             self._criu = criu_mod.find_criu()
         except ConfigError as e:
             log.error("%s", e)
-            return EXIT_NOT_READY
+            return ExitCode.NOT_READY
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
         signal.signal(signal.SIGCHLD, self._on_child)
@@ -304,7 +277,7 @@ class Supervisor:
                 self._prepare_spool(s.spool_dir)
             except (CairnError, OSError) as e:
                 log.error("cannot use the spool %s: %s", s.spool_dir, e)
-                return EXIT_USAGE
+                return ExitCode.USAGE
         try:
             self._store = open_store(s.store)
             self._attempt = self._store.open_attempt(
@@ -312,7 +285,7 @@ class Supervisor:
                                 "argv": list(s.argv)}, exclude=s.exclude_seqs)
         except StoreError as e:
             log.error("cannot open the store: %s", e)
-            return EXIT_STORAGE
+            return ExitCode.STORAGE
         self._compat = compat_mod.current_record(s.argv, cwd=self.cwd, criu=self._criu)
         code: int | None = None
         try:
@@ -353,7 +326,7 @@ class Supervisor:
             if self._spool_fenced is not None:
                 log.error("the uploader could not commit entry %s: %s; stopping the workload",
                           self._spool_fenced.entry, self._spool_fenced.detail)
-                return EXIT_FENCED
+                return ExitCode.FENCED
             now = time.monotonic()
             if next_dump is not None and now >= next_dump and self._spool_busy():
                 next_dump = now + 1.0  # the previous dump is still being uploaded
@@ -363,7 +336,7 @@ class Supervisor:
                     self._snapshot(leave_running=True)
                 except Fenced as e:
                     log.error("%s; stopping the workload", e)
-                    return EXIT_FENCED
+                    return ExitCode.FENCED
                 next_dump = time.monotonic() + s.every_s  # type: ignore[operator]
                 continue
             timeout = 1.0 if next_dump is None else min(1.0, max(0.0, next_dump - now))
@@ -671,7 +644,7 @@ class Supervisor:
                 continue
             self._spool_results[result.entry] = result
             outcome = result.outcome
-            if outcome is spool_mod.Outcome.COMMITTED and result.seq is not None:
+            if outcome is spool_mod.UploadOutcome.COMMITTED and result.seq is not None:
                 for figures in self.cost.history:
                     if figures.get("entry") == result.entry:
                         figures.update(seq=result.seq, bytes_written=result.bytes_written,
@@ -685,9 +658,9 @@ class Supervisor:
                             "of %.1f MB in %.2fs", result.seq, result.entry,
                             result.bytes_written / 1e6, result.image_bytes / 1e6,
                             result.upload_s)
-            elif outcome is spool_mod.Outcome.FENCED:
+            elif outcome is spool_mod.UploadOutcome.FENCED:
                 self._spool_fenced = result
-            elif outcome is spool_mod.Outcome.INVALID:
+            elif outcome is spool_mod.UploadOutcome.INVALID:
                 self.cost.failures += 1
                 self._report(failures=self._status.failures + 1,
                              last_error=f"entry {result.entry}: {result.detail}"[:500],
@@ -823,11 +796,11 @@ class Supervisor:
             if pid == self.child:
                 self.child = None
                 if self._proc is not None and self._proc.pid == pid:
-                    self._proc.returncode = _exit_code(status)
+                    self._proc.returncode = from_wait_status(status)
                 return status
 
     def _workload_ended(self, status: int) -> int:
-        code = _exit_code(status)
+        code = from_wait_status(status)
         if code != 0:
             log.warning("the workload exited with %d; snapshots kept", code)
             return code
@@ -878,22 +851,24 @@ class Supervisor:
     def _preempted(self) -> int:
         if self._signal is not None:
             name = signal.Signals(self._signal).name
-            remaining = self.settings.grace_s - (time.monotonic() - self._signal_at)
+            started = self._signal_at
         else:
-            name, remaining = "notice", self.settings.grace_s
+            name, started = "notice", time.monotonic()
+        deadline = None
         if self._notice is not None:
             notice = self._notice
             name = f"{name} ({notice.source}: {notice.reason})" if self._signal else \
                 f"notice from {notice.source} ({notice.reason})"
-            remaining = min(remaining, notice.seconds_left())
+            deadline = notice.deadline
+        remaining = FinalBudget(self.settings.grace_s, started, deadline).remaining()
         if self.cost.seconds is not None:
             estimate, basis = self.cost.seconds, "the last snapshot took"
         else:
             tree = workload.process_tree(self.child) if self.child else []
             resident = workload.resident_bytes(tree)
-            estimate = resident / _UNMEASURED_BYTES_PER_S
+            estimate = estimate_unmeasured(resident)
             basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
-                     f"{_UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
+                     f"{UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
         budget_end = time.monotonic() + remaining
         self._poll_spool()
         kept = self._last_committed_seq()
@@ -902,7 +877,7 @@ class Supervisor:
             log.error("%s: no final snapshot: %s %.1fs and %.1fs of the budget are left (grace "
                       "%.0fs); %s", name, basis, estimate, remaining, self.settings.grace_s,
                       kept_text)
-            return EXIT_PREEMPTED_KEPT
+            return ExitCode.PREEMPTED_KEPT
         if self._spool is not None:
             self._make_room()
         try:
@@ -912,44 +887,34 @@ class Supervisor:
                 budget_end - time.monotonic(), FINAL_DUMP_MIN_TIMEOUT_S))
         except Fenced as e:
             log.error("%s: %s", name, e)
-            return EXIT_FENCED
+            return ExitCode.FENCED
         if saved is None:
             log.error("%s: the final snapshot failed; %s", name, kept_text)
-            return EXIT_PREEMPTED_KEPT
+            return ExitCode.PREEMPTED_KEPT
         if saved.entry is not None:
             # The budget covered the dump; the upload goes on in the sidecar, which outlives
             # this container. Wait for it while the budget lasts, to report how it ended.
             result = self._await_upload(saved.entry, budget_end - SPOOL_EXIT_MARGIN_S)
-            if result is not None and result.outcome is spool_mod.Outcome.FENCED:
+            if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
                 log.error("%s: the final snapshot cannot be committed: %s", name, result.detail)
-                return EXIT_FENCED
-            if result is not None and result.outcome is spool_mod.Outcome.COMMITTED:
+                return ExitCode.FENCED
+            if result is not None and result.outcome is spool_mod.UploadOutcome.COMMITTED:
                 log.warning("%s: final snapshot seq %d committed (uploaded by the sidecar); "
                             "exiting %d so the orchestrator retries and resumes", name,
-                            result.seq, EXIT_PREEMPTED_SAVED)
+                            result.seq, ExitCode.PREEMPTED_SAVED)
             else:
                 log.warning("%s: final snapshot spooled as entry %s and still uploading when "
                             "the budget ran out (the sidecar carries on; until it commits, %s); "
-                            "exiting %d", name, saved.entry, kept_text, EXIT_PREEMPTED_SAVED)
-            return EXIT_PREEMPTED_SAVED
+                            "exiting %d", name, saved.entry, kept_text, ExitCode.PREEMPTED_SAVED)
+            return ExitCode.PREEMPTED_SAVED
         log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
-                    "retries and resumes", name, saved.seq, EXIT_PREEMPTED_SAVED)
-        return EXIT_PREEMPTED_SAVED
+                    "retries and resumes", name, saved.seq, ExitCode.PREEMPTED_SAVED)
+        return ExitCode.PREEMPTED_SAVED
 
     def _record_outcome(self, code: int | None) -> None:
-        """Leave this try's outcome record (cairn.store.outcomes) for the next try and the UI;
-        best effort. ``code`` None: the supervisor itself failed."""
-        if code == 0:
-            kind = OutcomeKind.SUCCEEDED
-        elif code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
-            maintenance = self._notice is not None and "maintenance" in self._notice.source
-            kind = OutcomeKind.EVICTED if maintenance else OutcomeKind.PREEMPTED
-        elif code == EXIT_FENCED:
-            kind = OutcomeKind.FENCED
-        else:
-            kind = OutcomeKind.FAILED
-        detail: dict[str, Any] = {"mode": "process", "exit_code": code,
-                                  "snapshots": len(self.cost.history),
+        """Leave this try's outcome record for the next try and the UI (best effort; see
+        :mod:`cairn.runtime.endings`). ``code`` None: the supervisor itself failed."""
+        detail: dict[str, Any] = {"snapshots": len(self.cost.history),
                                   "failed_snapshots": self.cost.failures,
                                   "runtime_s": round(self._runtime_base + time.monotonic()
                                                      - self._runtime_since, 3)}
@@ -961,12 +926,11 @@ class Supervisor:
             detail["resumed_from_seq"] = self.restored_from
         if self._spool is not None:
             detail["spooled"] = self._status.spooled
-        outcome = Outcome(
-            epoch=self._attempt.epoch, outcome=kind, started_at=self._status.started_at,
-            ended_at=max(time.time(), self._status.started_at),
-            progress=Progress(snapshot_seq=self._last_committed_seq()),
-            snapshot_cost_s=self.cost.seconds, detail=detail)
-        record_best_effort(self._store, self.key, outcome)
+        record_exit(self._store, self.key, epoch=self._attempt.epoch,
+                    code=None if code is None else int(code), started_at=self._status.started_at,
+                    maintenance=self._notice is not None and "maintenance" in self._notice.source,
+                    snapshot_seq=self._last_committed_seq(), snapshot_cost_s=self.cost.seconds,
+                    detail=detail)
 
     def _kill_child(self) -> None:
         """SIGKILL the workload's tree and reap it."""

@@ -42,7 +42,6 @@ import enum
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Collection, Iterator
@@ -54,7 +53,8 @@ import numpy as np
 import torch
 
 from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
-from cairn.policy.resume import EXCLUDE_SEQS_ENV, parse_seqs
+from cairn.runtime import env
+from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
 from cairn.state.codec import (
     STATE_FILE,
@@ -69,12 +69,11 @@ from cairn.state.codec import (
 from cairn.state.distributed import Group
 from cairn.state.sidecar import SidecarWriter
 from cairn.state.staging import StagingBuffer, plan
-from cairn.state.status import STATUS_FILE_ENV, StatusReporter
+from cairn.state.status import StatusReporter
 from cairn.state.triggers import (
     PreemptionNotice,
     PreemptionPolicy,
     signal_names,
-    young_daly_interval,
 )
 from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store, open_store
 from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
@@ -234,7 +233,7 @@ class Checkpointer:
         self.policy = policy
         self.exclude_seqs = frozenset(exclude_seqs)  # never restored (a resume policy's verdict)
         # For the pod sidecar's metrics; None: $CAIRN_STATUS_FILE; "": none. Rank 0 writes it.
-        self._status_file = os.environ.get(STATUS_FILE_ENV) if status_file is None else status_file
+        self._status_file = env.STATUS_FILE.get() if status_file is None else status_file
         self._status: StatusReporter | None = None
         self._owns_store = not isinstance(store, Store)
         self.store = open_store(store) if isinstance(store, str) else store
@@ -275,22 +274,22 @@ class Checkpointer:
         """From ``CAIRN_STORE`` and ``CAIRN_KEY`` (set by the Airflow operator or KFP component),
         plus optional ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and
         ``CAIRN_EXCLUDE_SEQS`` (comma-separated seqs never to restore)."""
-        store, key = os.environ.get("CAIRN_STORE"), os.environ.get("CAIRN_KEY")
+        store, key = env.STORE.get(), env.KEY.get()
         if not store or not key:
-            raise ConfigError("CAIRN_STORE and CAIRN_KEY must be set (the cairn Airflow operator "
+            raise ConfigError(f"{env.STORE} and {env.KEY} must be set (the cairn Airflow operator "
                               "and KFP component set them); or use Checkpointer(store=..., key=...)")
-        env_steps, env_seconds = os.environ.get("CAIRN_EVERY_STEPS"), os.environ.get("CAIRN_EVERY_SECONDS")
+        env_steps, env_seconds = env.EVERY_STEPS.get(), env.EVERY_SECONDS.get()
         try:
             if env_steps and "every_steps" not in options:
                 options["every_steps"] = int(env_steps)
             if env_seconds and "every_seconds" not in options:
                 options["every_seconds"] = float(env_seconds)
         except ValueError:
-            raise ConfigError("CAIRN_EVERY_STEPS must be an integer and CAIRN_EVERY_SECONDS a "
+            raise ConfigError(f"{env.EVERY_STEPS} must be an integer and {env.EVERY_SECONDS} a "
                               "number of seconds") from None
-        if os.environ.get(EXCLUDE_SEQS_ENV) and "exclude_seqs" not in options:
-            options["exclude_seqs"] = parse_seqs(os.environ[EXCLUDE_SEQS_ENV],
-                                                 source=EXCLUDE_SEQS_ENV)
+        excluded = env.EXCLUDE_SEQS.get()
+        if excluded and "exclude_seqs" not in options:
+            options["exclude_seqs"] = env.parse_seqs(excluded, source=env.EXCLUDE_SEQS.name)
         return cls(store=store, key=key, **options)
 
     def restore(self, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,

@@ -1,7 +1,7 @@
 """State mode's side of the sidecar's metrics: the Checkpointer's counters in ``status.json``.
 
 In a pod the sidecar serves ``/metrics`` from the status file on the shared volume
-(:mod:`cairn.k8s.channel`); ``cairn run`` writes it in process mode, and a Checkpointer given a
+(:mod:`cairn.runtime.channel`); ``cairn run`` writes it in process mode, and a Checkpointer given a
 status file (``$CAIRN_STATUS_FILE``, set by the pod transform) writes the same document in state
 mode: snapshots committed, failures, stall time (the staging copy, what training waited),
 bytes written, the last seq and success, the last error, resumes and the steps a resume saved.
@@ -17,11 +17,10 @@ import logging
 import os
 import time
 
-from cairn.k8s import channel
+from cairn.runtime import channel, env
 
 log = logging.getLogger(__name__)
 
-STATUS_FILE_ENV = "CAIRN_STATUS_FILE"
 
 
 class StatusReporter:
@@ -35,7 +34,7 @@ class StatusReporter:
 
     @classmethod
     def from_env(cls) -> StatusReporter | None:
-        path = os.environ.get(STATUS_FILE_ENV)
+        path = env.STATUS_FILE.get()
         return cls(path) if path else None
 
     def resumed(self, *, seq: int, step: int) -> None:

@@ -8,7 +8,7 @@ happen before that handler raises or the default action kills the process. If th
 not reach ``step()`` within the budget, a second delivery of the signal is chained at once.
 
 On Kubernetes the sidecar container announces preemption through a notice file on the shared
-volume instead (:mod:`cairn.k8s.channel`): ``pending`` also takes that file, at most twice a
+volume instead (:mod:`cairn.runtime.channel`): ``pending`` also takes that file, at most twice a
 second, and the budget is then also bounded by the notice's deadline. There is no signal to
 chain for such a notice.
 """
@@ -16,7 +16,6 @@ chain for such a notice.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -27,8 +26,9 @@ from types import FrameType
 from typing import Any
 
 from cairn.exceptions import CairnError, ConfigError
-from cairn.k8s import channel
-from cairn.wakeup import Wakeup
+from cairn.runtime import channel, env
+from cairn.runtime.budget import FinalBudget
+from cairn.runtime.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,12 @@ class PreemptionNotice:
         self.received_at: float | None = None
         self._previous: dict[int, Handler] = {}
         # A plain flag, not a threading.Event: the handler runs in the main thread, which may
-        # be inside that Event's lock at the time (see cairn.wakeup).
+        # be inside that Event's lock at the time (see cairn.runtime.wakeup).
         self._raised = False
         self._chained = False
         self._watchdog: _Watchdog | None = None
         file = policy.notice_file
-        self.notice_file = os.environ.get("CAIRN_NOTICE_FILE") if file is None else file
+        self.notice_file = env.NOTICE_FILE.get() if file is None else file
         self.notice: channel.Notice | None = None  # a sidecar's notice, once taken
         self._next_poll = 0.0
         self._poll_failed = False
@@ -124,7 +124,7 @@ class PreemptionNotice:
             log.warning("preemption signals are not watched: the Checkpointer was set up off the "
                         "main thread")
             return False
-        # Started here, not in the handler: starting a thread takes locks (cairn.wakeup).
+        # Started here, not in the handler: starting a thread takes locks (cairn.runtime.wakeup).
         self._watchdog = _Watchdog(self)
         for signum in self.policy.signals:
             self._previous[signum] = signal.signal(signum, self._handle)
@@ -145,10 +145,8 @@ class PreemptionNotice:
         """Seconds left of the budget since the notice (the whole budget before one)."""
         if self.received_at is None:
             return self.policy.budget_seconds
-        left = self.policy.budget_seconds - (time.monotonic() - self.received_at)
-        if self.notice is not None:
-            left = min(left, self.notice.seconds_left())
-        return left
+        deadline = self.notice.deadline if self.notice is not None else None
+        return FinalBudget(self.policy.budget_seconds, self.received_at, deadline).remaining()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._raised:
@@ -227,15 +225,6 @@ class _Watchdog:
                     self._notice._redeliver()
         finally:
             self._wake.close()
-
-
-def young_daly_interval(*, snapshot_cost_s: float, mtbf_s: float, lower_s: float = 60.0,
-                        upper_s: float = 3600.0) -> float:
-    """The snapshot interval that minimises expected lost work plus snapshot overhead:
-    ``sqrt(2 × cost × MTBF)`` (Young 1974, Daly 2006), clamped to ``[lower_s, upper_s]``."""
-    if snapshot_cost_s < 0 or mtbf_s <= 0:
-        raise ConfigError("snapshot cost must be >= 0 and MTBF > 0")
-    return min(max(math.sqrt(2.0 * snapshot_cost_s * mtbf_s), lower_s), upper_s)
 
 
 def signal_names(signals: Iterable[int]) -> str:

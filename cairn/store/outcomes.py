@@ -269,27 +269,3 @@ def tries_from_records(records: list[Record]) -> list[TryLog]:
             entry["done_at"] = at
     return [TryLog(**{**e, "snapshots": tuple(e["snapshots"])})
             for _, e in sorted(opened.items())]
-
-
-PLACEMENT_OPTION_ENV = "CAIRN_PLACEMENT_OPTION"  # set on a try by cairn.policy.Placement.env()
-PLACEMENT_REASON_ENV = "CAIRN_PLACEMENT_REASON"
-
-
-def record_best_effort(store: Any, key: Any, outcome: Outcome) -> bool:
-    """``store.record_outcome(key, outcome)``, logging instead of raising: an outcome is advice
-    for the next try, and failing to write it must never change how this one ends. The
-    placement the try ran with is taken from the environment when the outcome has none.
-    Returns whether the record was written."""
-    import dataclasses
-    import os
-
-    if outcome.option is None and os.environ.get(PLACEMENT_OPTION_ENV):
-        outcome = dataclasses.replace(outcome, option=os.environ[PLACEMENT_OPTION_ENV],
-                                      reason=outcome.reason or os.environ.get(PLACEMENT_REASON_ENV))
-    try:
-        store.record_outcome(key, outcome)
-        return True
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        log.warning("key %s: could not record try %d's outcome (%s): %s", key, outcome.epoch,
-                    outcome.outcome.value, e)
-        return False

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable
 
-import cairn
 from cairn.exceptions import ConfigError, NotFound, SnapshotTooSlow
 from cairn.store.chunking import chunk_spans, segments
 from cairn.store.hashing import digest as compute_digest
@@ -34,6 +33,7 @@ from cairn.store.manifest import (
 )
 from cairn.store.packs import PackWriter
 from cairn.store.slotlog import RecordKind, utc_now, writer_identity
+from cairn.version import __version__
 
 if TYPE_CHECKING:
     from cairn.store.store import Attempt
@@ -251,7 +251,7 @@ class SnapshotWriter:
             "chunks": self.stats.chunks_total,
             "chunks_reused": self.stats.chunks_reused,
             "producer": {
-                "cairn": cairn.__version__,
+                "cairn": __version__,
                 "python": platform.python_version(),
                 **writer_identity(),
             },

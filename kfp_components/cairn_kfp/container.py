@@ -35,23 +35,26 @@ def _launch(argv: list[str]) -> None:
     import os
     import sys
 
+    from cairn.runtime import env as contract
+
     if len(argv) < 10 or argv[8] != "--":
         raise SystemExit("cairn_kfp launcher: expected STORE RUN_ID TASK_NAME LOOP_ITEM KEY "
                          "PREFIX EVERY GRACE -- COMMAND...; got " + json.dumps(argv))
     store, run_id, task_name, loop_item, key, prefix, every, grace = argv[:8]
     command = argv[9:]
-    store = store or os.environ.get("CAIRN_STORE", "")
+    store = store or contract.STORE.get() or ""
     try:
         if not store or "{" + "{$." in store:
             raise ValueError(f"cairn_store is {store!r}: pass a store URL as the whole value "
-                             "(or set CAIRN_STORE, e.g. with cairn_kfp.kubernetes.use_gcs_store)")
+                             f"(or set {contract.STORE}, e.g. with "
+                             "cairn_kfp.kubernetes.use_gcs_store)")
         key_text = _cairn_key(run_id=run_id, task_name=task_name,  # noqa: F821 - embedded
                               loop_item=loop_item, key=key, checkpoint_prefix=prefix)
     except ValueError as e:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
     full = ["cairn", "run", "--store", store, "--key", key_text, "--every", every,
             "--grace", grace, "--", *command]
-    if os.environ.get("CAIRN_KFP_DRY_RUN") == "1":
+    if contract.KFP_DRY_RUN.get() == "1":
         print(json.dumps(full))
         return
     sys.stdout.flush()

@@ -40,7 +40,7 @@ from kfp.dsl.types import type_utils
 from cairn.exceptions import ConfigError
 from cairn.policy import CapacityOption
 from cairn.policy.options import MAINTENANCE_LABEL
-from cairn.store.outcomes import PLACEMENT_OPTION_ENV, PLACEMENT_REASON_ENV
+from cairn.runtime import env as contract
 from cairn_kfp.component import CairnComponent
 from cairn_kfp.kubernetes import set_retries, use_spot_nodes
 
@@ -137,8 +137,8 @@ def set_placement_env(task: PipelineTask, option: str, reason: str) -> PipelineT
     """``CAIRN_PLACEMENT_OPTION``/``CAIRN_PLACEMENT_REASON`` (the names of
     ``cairn.policy.Placement.env()``): each try's outcome record names the option it ran on
     and why it was put there."""
-    task.set_env_variable(PLACEMENT_OPTION_ENV, option)
-    task.set_env_variable(PLACEMENT_REASON_ENV, reason)
+    task.set_env_variable(contract.PLACEMENT_OPTION.name, option)
+    task.set_env_variable(contract.PLACEMENT_REASON.name, reason)
     return task
 
 

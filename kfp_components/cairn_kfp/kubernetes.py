@@ -21,6 +21,7 @@ from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
 from cairn.exceptions import ConfigError
+from cairn.runtime import env as contract
 
 #: The pod label the mutation policy in ``deploy/cairn-process-mode-policy.yaml`` matches.
 PROCESS_MODE_LABEL = "cairn.dev/process-mode"
@@ -41,7 +42,7 @@ def use_gcs_store(task: PipelineTask, url: str) -> PipelineTask:
     if not isinstance(url, str) or not url.startswith("gs://") or len(url) <= len("gs://"):
         raise ConfigError(f"use_gcs_store needs a gs://BUCKET[/PREFIX] URL, got {url!r}; for "
                           "a volume use use_pvc_store")
-    task.set_env_variable("CAIRN_STORE", url)
+    task.set_env_variable(contract.STORE.name, url)
     kubernetes.add_node_selector(task, label_key=WORKLOAD_IDENTITY_NODE_LABEL, label_value="true")
     return task
 
@@ -59,7 +60,7 @@ def use_pvc_store(task: PipelineTask, pvc_name: str, *,
     if not mount_path.startswith("/"):
         raise ConfigError(f"mount_path must be absolute, got {mount_path!r}")
     kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=mount_path)
-    task.set_env_variable("CAIRN_STORE", mount_path)
+    task.set_env_variable(contract.STORE.name, mount_path)
     return task
 
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from cairn.wakeup import Wakeup
+from cairn.runtime.wakeup import Wakeup
 
 
 def main() -> None:

@@ -44,6 +44,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
+from cairn.runtime.durations import format_duration
+from cairn.runtime.env import format_seqs
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
     StoreConfig,
@@ -54,14 +56,6 @@ from cairn_airflow.operators import XCOM_KEY, task_key
 from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_policy
 
 log = logging.getLogger(__name__)
-
-# cairn run's exit codes (cairn/process/supervisor.py and cairn/cli/main.py).
-EXIT_PREEMPTED_SAVED = 75
-EXIT_PREEMPTED_KEPT = 76
-EXIT_USAGE = 2
-EXIT_FENCED = 5
-EXIT_STORE = 6
-EXIT_HOST_NOT_READY = 7
 
 _PR_SET_PDEATHSIG = 1
 
@@ -76,14 +70,6 @@ def cairn_executable() -> list[str]:
     return [found] if found else [sys.executable, "-m", "cairn.cli.main"]
 
 
-def _duration(value: float | str, name: str) -> str:
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ConfigError(f"{name} must be positive (seconds, or a string like '30s', '10m')")
-        return f"{value:g}s"
-    return str(value)
-
-
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the task's process dies (a SIGKILLed task gives
     no warning; the supervisor then still takes its final snapshot if it fits)."""
@@ -96,22 +82,13 @@ def _die_with_parent() -> None:
 
 
 def exit_error(code: int, key: Any) -> Exception:
-    """The error a non-zero exit status of ``cairn run`` stands for."""
+    """The error a non-zero exit status of ``cairn run`` stands for (see
+    :mod:`cairn.runtime.exits`): Preempted, Fenced, else an ``AirflowException`` naming it."""
     from airflow.exceptions import AirflowException
 
-    from cairn.exceptions import Fenced, Preempted
+    from cairn.runtime.exits import describe_exit, error_for_exit
 
-    if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
-        saved = "committed" if code == EXIT_PREEMPTED_SAVED else "not taken (the previous one is kept)"
-        return Preempted(f"cairn run was stopped; its final snapshot was {saved}; a retry "
-                         "resumes from the last committed snapshot")
-    if code == EXIT_FENCED:
-        return Fenced(f"a newer try of {key} is running; this one stopped its workload")
-    why = {EXIT_USAGE: "usage error", EXIT_STORE: "the store is unreachable",
-           EXIT_HOST_NOT_READY: "this worker cannot run process mode (run `cairn doctor`)"}
-    return AirflowException(f"cairn run exited with {code}"
-                            + (f": {why[code]}" if code in why else " (the command's own exit "
-                               "status, 128+N for signal N)"))
+    return error_for_exit(code, key=key) or AirflowException(describe_exit(code))
 
 
 class CairnRunOperator(BaseOperator):
@@ -150,8 +127,8 @@ class CairnRunOperator(BaseOperator):
             raise ConfigError("command must be a non-empty list such as ['python', 'train.py'] "
                               "(cairn runs it without a shell)")
         self.command = list(command)
-        self.every = _duration(every, "every")
-        self.grace = _duration(grace, "grace")
+        self.every = format_duration(every, name="every")
+        self.grace = format_duration(grace, name="grace")
         self.cwd = cwd
         self.env = dict(env or {})
         self.keep_snapshots = keep_snapshots
@@ -164,8 +141,6 @@ class CairnRunOperator(BaseOperator):
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def cairn_argv(self, url: str, key: Any, exclude: Collection[int] = ()) -> list[str]:
-        from cairn.policy.resume import format_seqs
-
         argv = [*cairn_executable(), "run", "--store", url, "--key", str(key),
                 "--every", self.every, "--grace", self.grace]
         if exclude:

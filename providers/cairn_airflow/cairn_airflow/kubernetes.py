@@ -72,10 +72,6 @@ from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_p
 
 log = logging.getLogger(__name__)
 
-# cairn run's exit codes (cairn/process/supervisor.py), as CairnRunOperator maps them.
-EXIT_PREEMPTED_SAVED = 75
-EXIT_PREEMPTED_KEPT = 76
-EXIT_FENCED = 5
 MIN_KUBERNETES = (1, 29)  # native sidecars (initContainers with restartPolicy: Always)
 IMAGE_STATE_KEY = "cairn_image_digest"
 POLICY_PLUGIN_NAME = "cairn-airflow-pod-transform"
@@ -175,34 +171,27 @@ def outcome_from_pod(pod: Any, container: str) -> Any:
     ``evicted`` for a drain (eviction API, pod GC, node-pressure eviction), ``preempted`` for a
     node shutdown or scheduler preemption; None when the container's own exit code says it
     (cairn's codes are recorded by ``cairn run`` itself) or nothing is known."""
-    from cairn.store.outcomes import OutcomeKind
+    from cairn.runtime.endings import outcome_kind_for_pod
 
-    if _oom_killed(pod, container):
-        return OutcomeKind.FAILED
     reason = _disruption_reason(pod)
     pod_reason = _field(_field(pod, "status", "status"), "reason", "reason")
-    if reason in ("EvictionByEvictionAPI", "DeletionByPodGC") or pod_reason == "Evicted":
-        return OutcomeKind.EVICTED
-    if reason is not None or pod_reason in NODE_ENDED_REASONS:
-        return OutcomeKind.PREEMPTED
-    return None
+    return outcome_kind_for_pod(
+        oom_killed=_oom_killed(pod, container),
+        drained=reason in ("EvictionByEvictionAPI", "DeletionByPodGC") or pod_reason == "Evicted",
+        node_ended=reason is not None or pod_reason in NODE_ENDED_REASONS)
 
 
 def pod_end_error(pod: Any, container: str) -> Exception | None:
     """The cairn error a finished pod stands for: :class:`Preempted` for exit 75/76 or a pod
     the node ended, :class:`Fenced` for exit 5, None otherwise (success, or the step's own
     failure, OOMKilled included, which Airflow reports as it does for any pod)."""
-    from cairn.exceptions import Fenced, Preempted
+    from cairn.exceptions import Preempted
+    from cairn.runtime.exits import error_for_exit
 
     code = exit_code_of(pod, container)
-    if code in (EXIT_PREEMPTED_SAVED, EXIT_PREEMPTED_KEPT):
-        saved = ("committed" if code == EXIT_PREEMPTED_SAVED
-                 else "not taken (the previous one is kept)")
-        return Preempted(f"cairn run in the pod was stopped (exit {code}); its final snapshot was "
-                         f"{saved}; a retry resumes from the last committed snapshot")
-    if code == EXIT_FENCED:
-        return Fenced("a newer try of this task took its key over; this pod stopped its workload "
-                      "(exit 5)")
+    error = error_for_exit(code, where="cairn run in the pod") if code is not None else None
+    if error is not None:
+        return error
     if not _oom_killed(pod, container) and ended_by_node(pod):
         return Preempted("the node ended the pod (shutdown, eviction or disruption); a retry "
                          "resumes from the last committed snapshot")
@@ -225,9 +214,7 @@ def record_pod_outcome(store: Any, key: Any, pod: Any, container: str, *,
     """Leave the outcome record ``cairn run`` could not write for a pod that the node or the
     kernel ended (see :func:`outcome_from_pod`): for the newest try of ``key`` that opened after
     the pod started and has no record. Returns the :class:`Outcome` written, or None."""
-    import time
-
-    from cairn.store.outcomes import Outcome, record_best_effort
+    from cairn.runtime.endings import record_observed
 
     kind = outcome_from_pod(pod, container)
     status = _field(pod, "status", "status")
@@ -242,12 +229,11 @@ def record_pod_outcome(store: Any, key: Any, pod: Any, container: str, *,
     last = open_tries[-1]
     detail = {"source": "pod status", "pod_reason": _field(status, "reason", "reason"),
               "disruption": _disruption_reason(pod), "exit_code": exit_code_of(pod, container)}
-    outcome = Outcome(epoch=last.epoch, outcome=kind, started_at=last.opened_at,
-                      ended_at=max(time.time(), last.opened_at),
-                      option=placement.option.name if placement is not None else None,
-                      reason=placement.reason if placement is not None else None,
-                      detail={k: v for k, v in detail.items() if v is not None})
-    return outcome if record_best_effort(store, key, outcome) else None
+    return record_observed(
+        store, key, epoch=last.epoch, kind=kind, started_at=last.opened_at,
+        option=placement.option.name if placement is not None else None,
+        reason=placement.reason if placement is not None else None,
+        detail={k: v for k, v in detail.items() if v is not None})
 
 
 def parse_kubernetes_version(version: str) -> tuple[int, int]:
@@ -397,7 +383,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                  transform_options: Mapping[str, Any] | None = None,
                  resume_on: str = "any_failure", max_error_retries: int | None = None,
                  loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
-        from cairn.k8s.transform import PodMode, Staging, _coerce
+        from cairn.k8s.transform import PodMode, Staging, coerce_option
 
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
@@ -410,8 +396,8 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                                   "on (drop the argument)")
             kwargs.pop(name, None)
         super().__init__(**kwargs)
-        self.mode = _coerce(PodMode, mode, "mode").value
-        self.staging = _coerce(Staging, staging, "staging").value
+        self.mode = coerce_option(PodMode, mode, "mode").value
+        self.staging = coerce_option(Staging, staging, "staging").value
         self.sidecar_image = sidecar_image
         self.every = every
         self.final_snapshot_s = final_snapshot_s
@@ -488,7 +474,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
         """The in-place change cairn makes to the built pod (before the administrator's hook)."""
         from kubernetes.client import ApiClient
 
-        from cairn.k8s.transform import _to_v1pod, with_snapshot_sidecar
+        from cairn.k8s.transform import to_v1pod, with_snapshot_sidecar
 
         def mutate(pod: Any) -> None:
             manifest = ApiClient().sanitize_for_serialization(pod)
@@ -511,9 +497,9 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                            if k not in names)
             extra_env = dict(plan.store.env)
             if plan.resume is not None and plan.resume.exclude:
-                from cairn.policy.resume import EXCLUDE_SEQS_ENV, format_seqs
+                from cairn.runtime import env as contract
 
-                extra_env[EXCLUDE_SEQS_ENV] = format_seqs(plan.resume.exclude)
+                extra_env[contract.EXCLUDE_SEQS.name] = contract.format_seqs(plan.resume.exclude)
             if extra_env:
                 env = main.setdefault("env", [])
                 names = {e.get("name") for e in env}
@@ -526,7 +512,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
                 grace_cap_s=self.grace_cap_s, state_bytes=self.state_bytes,
                 gpu_memory_bytes=self.gpu_memory_bytes, staging_bytes=self.staging_bytes,
                 staging=self.staging, avoid_maintenance=avoid, **self.transform_options)
-            done = _to_v1pod(out)
+            done = to_v1pod(out)
             pod.metadata, pod.spec = done.metadata, done.spec
 
         return mutate

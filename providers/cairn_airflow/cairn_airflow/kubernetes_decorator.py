@@ -178,21 +178,20 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
     """Runs in the pod (copied into the script by source: self-contained, imports cairn only):
     ``fn`` wrapped so that its Checkpointer parameter receives ``Checkpointer.from_env()``; on
     success the key is marked done (unless ``keep_snapshots``); the Checkpointer is always
-    closed; the outcome is recorded (:mod:`cairn.state.tries`, as the worker-side operator
+    closed; the outcome is recorded (:mod:`cairn.runtime.endings`, as the worker-side operator
     does); Preempted/Fenced end the process with ``cairn run``'s exit codes (75 or 76, 5)."""
     import functools
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        import os
         import sys
         import time
         import traceback
 
-        from cairn.state import tries
+        from cairn.runtime import endings, env, exits
 
         started_at = time.time()
-        url, key = os.environ.get("CAIRN_STORE"), os.environ.get("CAIRN_KEY")
+        url, key = env.STORE.get(), env.KEY.get()
         ckpt = None
         if ckpt_parameter is not None:
             from cairn.state.checkpointer import Checkpointer
@@ -207,7 +206,7 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
         try:
             result = fn(*args, **kwargs)
             if not keep_snapshots and parsed_key is not None:
-                tries.mark_done(ckpt, url, parsed_key)
+                endings.mark_done(ckpt, url, parsed_key)
         except BaseException as error:
             if ckpt is not None:
                 try:
@@ -216,9 +215,9 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
                     print(f"cairn: closing the Checkpointer after {type(error).__name__} "
                           f"failed: {e}", file=sys.stderr)
             if parsed_key is not None:
-                tries.record_try(ckpt, url, parsed_key, started_at=started_at, error=error,
-                                 detail={"where": "pod"})
-            code = tries.exit_code(error)
+                endings.record_try(ckpt, url, parsed_key, started_at=started_at, error=error,
+                                   detail={"where": "pod"})
+            code = exits.try_exit_code(error)
             if code is None:
                 raise
             traceback.print_exc()
@@ -226,8 +225,8 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
         if ckpt is not None:
             ckpt.close()  # raises if the last snapshot was not committed
         if parsed_key is not None:
-            tries.record_try(ckpt, url, parsed_key, started_at=started_at, error=None,
-                             detail={"where": "pod"})
+            endings.record_try(ckpt, url, parsed_key, started_at=started_at, error=None,
+                               detail={"where": "pod"})
         return result
 
     return call

@@ -20,6 +20,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from cairn.runtime import env as contract
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ class AirflowStack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         home.mkdir(parents=True, exist_ok=True)
         self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("AIRFLOW", "CAIRN_"))}
+                    if not k.startswith(("AIRFLOW", contract.PREFIX))}
         self.env.update({
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),

@@ -191,14 +191,14 @@ class CairnPythonOperator(PythonOperator):
     def cairn_env(self, config: StoreConfig, key: Any,
                   exclude: Collection[int] = ()) -> dict[str, str]:
         """The variables a subprocess needs for ``Checkpointer.from_env()``."""
-        from cairn.policy.resume import EXCLUDE_SEQS_ENV, format_seqs
+        from cairn.runtime import env as contract
 
-        env = {"CAIRN_STORE": config.url, "CAIRN_KEY": str(key), **config.env,
-               EXCLUDE_SEQS_ENV: format_seqs(exclude)}
+        env = {contract.STORE.name: config.url, contract.KEY.name: str(key), **config.env,
+               contract.EXCLUDE_SEQS.name: contract.format_seqs(exclude)}
         if self.every_steps is not None:
-            env["CAIRN_EVERY_STEPS"] = str(self.every_steps)
+            env[contract.EVERY_STEPS.name] = str(self.every_steps)
         if self.every_seconds is not None:
-            env["CAIRN_EVERY_SECONDS"] = str(self.every_seconds)
+            env[contract.EVERY_SECONDS.name] = str(self.every_seconds)
         return env
 
     def execute(self, context: Any) -> Any:
@@ -268,7 +268,7 @@ class CairnPythonOperator(PythonOperator):
 
     @staticmethod
     def _finish(ckpt: Any, url: str, key: Any) -> None:
-        from cairn.state.tries import mark_done
+        from cairn.runtime.endings import mark_done
 
         mark_done(ckpt, url, key)
 
@@ -286,8 +286,8 @@ class CairnPythonOperator(PythonOperator):
 
 def record_outcome(ckpt: Any, url: str, key: Any, *, started_at: float,
                    error: BaseException | None) -> None:
-    """Leave this try's outcome record in the store (see :func:`cairn.state.tries.record_try`)."""
-    from cairn.state.tries import record_try
+    """Leave this try's outcome record in the store (see :func:`cairn.runtime.endings.record_try`)."""
+    from cairn.runtime.endings import record_try
 
     record_try(ckpt, url, key, started_at=started_at, error=error)
 

@@ -106,7 +106,7 @@ def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
     from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
     from cairn.policy.resume import AfterTry, after_try
-    from cairn.state.tries import outcome_kind
+    from cairn.runtime.endings import outcome_kind
 
     verdict = after_try(plan, policy, outcome_kind(error))
     if verdict is AfterTry.STOP:

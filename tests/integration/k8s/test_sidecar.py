@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairn.k8s import channel
+from cairn.runtime import channel
 from cairn.k8s.watchers import MAINTENANCE_LABEL
 from cairn.store import Key, open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, FakeMetadataServer, serve

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.k8s import channel
+from cairn.runtime import channel
 from cairn.process import spool as spool_mod
 from cairn.process.spool import Spool
 from cairn.store import Key, open_store

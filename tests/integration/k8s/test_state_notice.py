@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cairn.exceptions import Preempted
-from cairn.k8s import channel
+from cairn.runtime import channel
 from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
 from cairn.store import Key, open_store

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import ConfigError
-from cairn.k8s.channel import Notice
+from cairn.runtime.channel import Notice
 from cairn.k8s.watchers import (
     MAINTENANCE_LABEL,
     MetadataSettings,

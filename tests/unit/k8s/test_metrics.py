@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairn.k8s.channel import Status
+from cairn.runtime.channel import Status
 from cairn.k8s.metrics import render
 
 

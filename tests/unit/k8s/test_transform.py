@@ -59,9 +59,9 @@ def _pod(*, gpu: bool = False, affinity: bool = False, grace: int | None = None)
 
 
 def _as_v1pod(pod: dict[str, Any]) -> k8s.V1Pod:
-    from cairn.k8s.transform import _to_v1pod
+    from cairn.k8s.transform import to_v1pod
 
-    return _to_v1pod(pod)
+    return to_v1pod(pod)
 
 
 def _options(mode: str, gpu: bool) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cairn.k8s import metrics
 from cairn.k8s.uploader import MAX_BACKOFF_S, Uploader, UploadSettings
 from cairn.process import spool as spool_mod
-from cairn.process.spool import Outcome, Spool
+from cairn.process.spool import UploadOutcome, Spool
 from cairn.store import Key, open_store
 from tests.support.fake_dump import fake_dump
 
@@ -193,7 +193,7 @@ def test_the_thread_uploads_beats_and_drains(tmp_path: Path) -> None:
             while not Path(uploader.spool.path, entry + spool_mod.RESULT_SUFFIX).exists():
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            assert _result(uploader.spool, entry)["outcome"] == Outcome.COMMITTED.value
+            assert _result(uploader.spool, entry)["outcome"] == UploadOutcome.COMMITTED.value
         finally:
             uploader.stop()
         assert len(store.snapshots(KEY)) == 1

@@ -180,7 +180,7 @@ def test_interval_is_young_daly_within_bounds() -> None:
     assert p.snapshot_interval_s == pytest.approx(math.sqrt(2 * 20.0 * mtbf_s))
     assert "Young-Daly" in p.reason
     assert p.every == f"{round(math.sqrt(2 * 20.0 * mtbf_s))}s"
-    from cairn.process.supervisor import parse_duration  # what cairn run --every accepts
+    from cairn.runtime.durations import parse_duration  # what cairn run --every accepts
     assert parse_duration(p.every) == pytest.approx(p.snapshot_interval_s, abs=0.5)
     tiny = decide([SPOT], preemptions_on(SPOT.name, 4, cost_s=0.0), now=NOW)
     assert tiny.snapshot_interval_s == PolicySettings().min_interval_s

@@ -17,7 +17,7 @@ from cairn.exceptions import ConfigError, Fenced
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
 from cairn.process.snapshot import TrackedFile
-from cairn.process.spool import Outcome, Result, Spool, Ticket
+from cairn.process.spool import UploadOutcome, Result, Spool, Ticket
 from cairn.process.supervisor import RunSettings, Supervisor
 from cairn.store import Key, open_store
 from cairn.store.slotlog import RecordKind
@@ -73,7 +73,7 @@ def test_a_bad_ticket_is_refused(change: dict[str, object], message: str) -> Non
 
 
 def test_results_round_trip() -> None:
-    result = Result("000000000007-000001-1700000000000", Outcome.COMMITTED, 7, seq=12,
+    result = Result("000000000007-000001-1700000000000", UploadOutcome.COMMITTED, 7, seq=12,
                     bytes_written=10, image_bytes=20, frozen_us=30, upload_s=0.5, at=5.0)
     assert Result.from_json(json.loads(json.dumps(result.to_json()))) == result
     with pytest.raises(ConfigError):
@@ -177,7 +177,7 @@ def test_upload_commits_as_the_attempts_next_snapshot(tmp_path: Path) -> None:
         spool = Spool(str(tmp_path / "spool"))
         ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
         result = spool_mod.upload(store, spool, ticket)
-        assert (result.outcome, result.seq, result.epoch) == (Outcome.COMMITTED,
+        assert (result.outcome, result.seq, result.epoch) == (UploadOutcome.COMMITTED,
                                                               attempt.epoch + 1, attempt.epoch)
         assert result.bytes_written > 0 and result.frozen_us == 1234
         (info,) = store.snapshots(KEY)
@@ -209,7 +209,7 @@ def test_a_ticket_from_a_fenced_attempt_is_dropped(tmp_path: Path) -> None:
         ticket = _spooled(spool, store.url, old, tmp_path / "out.log")
         newer = store.open_attempt(KEY)  # the retry opened: the old attempt is fenced
         result = spool_mod.upload(store, spool, ticket)
-        assert result.outcome is Outcome.FENCED and result.seq is None
+        assert result.outcome is UploadOutcome.FENCED and result.seq is None
         assert "newer attempt" in result.detail
         assert store.snapshots(KEY) == []
         assert [r.kind for r in store.history(KEY)] == [RecordKind.OPEN, RecordKind.OPEN]
@@ -223,7 +223,7 @@ def test_no_snapshot_is_committed_after_the_attempts_done(tmp_path: Path) -> Non
         ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
         attempt.finish()  # the step succeeded before the uploader got to the entry
         result = spool_mod.upload(store, spool, ticket)
-        assert result.outcome is Outcome.FINISHED
+        assert result.outcome is UploadOutcome.FINISHED
         assert [r.kind for r in store.history(KEY)] == [RecordKind.OPEN, RecordKind.DONE]
         assert store.snapshots(KEY) == []
 
@@ -249,7 +249,7 @@ def test_a_done_that_lands_during_the_upload_wins(tmp_path: Path,
 
         monkeypatch.setattr(spool_mod, "commit_dump", finish_first)
         result = spool_mod.upload(store, spool, ticket)
-        assert result.outcome is Outcome.FINISHED
+        assert result.outcome is UploadOutcome.FINISHED
         assert [r.kind for r in store.history(KEY)] == [RecordKind.OPEN, RecordKind.DONE]
 
 
@@ -266,7 +266,7 @@ def test_an_entry_withdrawn_during_the_upload_is_not_committed(
             return real(*args, **kwargs)  # type: ignore[arg-type]
 
         monkeypatch.setattr(spool_mod, "commit_dump", cancel_midway)
-        assert spool_mod.upload(store, spool, ticket).outcome is Outcome.CANCELLED
+        assert spool_mod.upload(store, spool, ticket).outcome is UploadOutcome.CANCELLED
         assert store.snapshots(KEY) == []
 
 
@@ -279,7 +279,7 @@ def test_upload_is_idempotent_when_the_commit_landed_unreported(tmp_path: Path) 
         # The uploader died after the commit, before it wrote the result: the entry is
         # still there, and a restarted uploader takes it again.
         second = spool_mod.upload(store, spool, ticket)
-        assert second.outcome is Outcome.COMMITTED and second.seq == first.seq
+        assert second.outcome is UploadOutcome.COMMITTED and second.seq == first.seq
         assert "before this uploader could report it" in second.detail
         assert [i.seq for i in store.snapshots(KEY)] == [first.seq]
 
@@ -315,7 +315,7 @@ def test_the_supervisor_marks_done_past_the_uploaders_commits(tmp_path: Path,
         assert store.snapshots(KEY) == []
         # And the uploader refuses anything of this attempt from now on.
         late = _spooled(spool, store.url, attempt, tmp_path / "out.log")
-        assert spool_mod.upload(store, spool, late).outcome is Outcome.FINISHED
+        assert spool_mod.upload(store, spool, late).outcome is UploadOutcome.FINISHED
 
 
 def test_fenced_means_the_supervisor_stops(tmp_path: Path) -> None:

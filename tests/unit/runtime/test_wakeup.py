@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cairn.wakeup import Wakeup
+from cairn.runtime.wakeup import Wakeup
 
-STORM = Path(__file__).parents[1] / "support" / "signal_storm.py"
+STORM = Path(__file__).parents[2] / "support" / "signal_storm.py"
 
 
 def test_wait_times_out_empty_and_returns_what_was_set() -> None:

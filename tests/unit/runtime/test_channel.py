@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import ConfigError
-from cairn.k8s import channel
-from cairn.k8s.channel import Notice, Status
+from cairn.runtime import channel
+from cairn.runtime.channel import Notice, Status
 
 
 def test_a_notice_is_taken_once(tmp_path: Path) -> None:

@@ -1,0 +1,157 @@
+"""How a try ended → its outcome record, and marking a key done: written once for every mode.
+
+The outcome record (:class:`cairn.store.outcomes.Outcome`) is what the next try's resume plan
+and the placement policy read, and what the UI shows. Every way a try can end maps here:
+
+* an exception a state-mode try ended with (:func:`outcome_kind`): ``Preempted`` →
+  ``preempted``, ``Fenced`` → ``fenced``, anything else → ``failed``, none → ``succeeded``;
+* an exit code a process-mode try (``cairn run``) ended with (:func:`outcome_kind_for_exit`):
+  0 → ``succeeded``, 75/76 → ``preempted`` (``evicted`` for a maintenance notice), 5 →
+  ``fenced``, anything else → ``failed``.
+
+Recording is best effort (:func:`record_best_effort`): an outcome is advice, and failing to
+write it never changes how a try ends. Imports neither torch nor an orchestrator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from cairn.exceptions import Fenced, Preempted
+from cairn.runtime import env
+from cairn.runtime.exits import PREEMPTED, ExitCode
+from cairn.store.outcomes import Outcome, OutcomeKind, Progress
+
+log = logging.getLogger(__name__)
+
+
+def outcome_kind(error: BaseException | None) -> OutcomeKind:
+    """The outcome a try that ended with ``error`` (None: it succeeded) is recorded as."""
+    if error is None:
+        return OutcomeKind.SUCCEEDED
+    if isinstance(error, Preempted):
+        return OutcomeKind.PREEMPTED
+    if isinstance(error, Fenced):
+        return OutcomeKind.FENCED
+    return OutcomeKind.FAILED
+
+
+def outcome_kind_for_exit(code: int | None, *, maintenance: bool = False) -> OutcomeKind:
+    """The outcome of a try whose supervisor exited with ``code`` (None: the supervisor itself
+    failed); a preemption announced as maintenance is an eviction."""
+    if code == ExitCode.OK:
+        return OutcomeKind.SUCCEEDED
+    if code in PREEMPTED:
+        return OutcomeKind.EVICTED if maintenance else OutcomeKind.PREEMPTED
+    if code == ExitCode.FENCED:
+        return OutcomeKind.FENCED
+    return OutcomeKind.FAILED
+
+
+def outcome_kind_for_pod(*, oom_killed: bool, drained: bool, node_ended: bool) -> OutcomeKind | None:
+    """The outcome of a try whose pod ended without its supervisor reporting it: ``failed``
+    for an OOM kill (the step's error), ``evicted`` for a drain (eviction API, pod GC,
+    node-pressure eviction), ``preempted`` for a node shutdown or scheduler preemption; None
+    when nothing is known."""
+    if oom_killed:
+        return OutcomeKind.FAILED
+    if drained:
+        return OutcomeKind.EVICTED
+    if node_ended:
+        return OutcomeKind.PREEMPTED
+    return None
+
+
+def error_detail(error: BaseException) -> str:
+    """How an error is named in an outcome's detail (one bounded line)."""
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+def record_best_effort(store: Any, key: Any, outcome: Outcome) -> bool:
+    """``store.record_outcome(key, outcome)``, logging instead of raising (module docstring).
+    The placement the try ran with (``$CAIRN_PLACEMENT_OPTION``/``_REASON``) is taken from the
+    environment when the outcome has none. Returns whether the record was written."""
+    option = env.PLACEMENT_OPTION.get()
+    if outcome.option is None and option:
+        outcome = dataclasses.replace(outcome, option=option,
+                                      reason=outcome.reason or env.PLACEMENT_REASON.get())
+    try:
+        store.record_outcome(key, outcome)
+        return True
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.warning("key %s: could not record try %d's outcome (%s): %s", key, outcome.epoch,
+                    outcome.outcome.value, e)
+        return False
+
+
+def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
+               error: BaseException | None, detail: dict[str, Any] | None = None) -> None:
+    """Leave the outcome record of the state-mode try ``ckpt`` ran (best effort; the
+    Checkpointer's epoch names the try): a user error is recorded before the try fails, so a
+    try without a record was killed from outside. Nothing is recorded when ``ckpt`` never
+    opened an attempt."""
+    epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
+    if epoch is None:
+        return
+    from cairn.store import open_store
+
+    restored = ckpt.restored_from
+    info: dict[str, Any] = {"mode": "state", **(detail or {})}
+    if error is not None:
+        info["error"] = error_detail(error)
+    outcome = Outcome(
+        epoch=epoch, outcome=outcome_kind(error), started_at=started_at,
+        ended_at=max(time.time(), started_at),
+        progress=Progress(start_step=(restored.step + 1) if restored is not None
+                          and restored.step is not None else 0,
+                          kept_step=ckpt.committed_step, snapshot_seq=ckpt.committed_seq),
+        snapshot_cost_s=ckpt.snapshot_cost_s, detail=info)
+    try:
+        with open_store(url, create=False) as store:  # the Checkpointer's may be closed
+            record_best_effort(store, key, outcome)
+    except Exception as e:  # noqa: BLE001 - an outcome must never change how the try ends
+        log.warning("cairn: could not record this try's outcome: %s", e)
+
+
+def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_at: float,
+                maintenance: bool = False, snapshot_seq: int | None = None,
+                snapshot_cost_s: float | None = None,
+                detail: dict[str, Any] | None = None) -> bool:
+    """Leave the outcome record of a process-mode try that exited with ``code`` (see
+    :func:`outcome_kind_for_exit`); best effort."""
+    outcome = Outcome(
+        epoch=epoch, outcome=outcome_kind_for_exit(code, maintenance=maintenance),
+        started_at=started_at, ended_at=max(time.time(), started_at),
+        progress=Progress(snapshot_seq=snapshot_seq), snapshot_cost_s=snapshot_cost_s,
+        detail={"mode": "process", "exit_code": code, **(detail or {})})
+    return record_best_effort(store, key, outcome)
+
+
+def record_observed(store: Any, key: Any, *, epoch: int, kind: OutcomeKind, started_at: float,
+                    option: str | None = None, reason: str | None = None,
+                    detail: dict[str, Any] | None = None) -> Outcome | None:
+    """Leave the outcome record a try could not write itself, as its orchestrator observed it
+    (a pod the node ended, say); best effort: the record written, or None."""
+    outcome = Outcome(epoch=epoch, outcome=kind, started_at=started_at,
+                      ended_at=max(time.time(), started_at), option=option, reason=reason,
+                      detail=dict(detail or {}))
+    return outcome if record_best_effort(store, key, outcome) else None
+
+
+def mark_done(ckpt: Any, url: str, key: Any) -> None:
+    """The step succeeded: mark ``key`` done (its snapshots go). Through the Checkpointer when
+    it restored (its writer commits in order), else directly in the store when someone (a
+    subprocess using ``Checkpointer.from_env()``) wrote to the key. Durable when it returns."""
+    if ckpt is not None and getattr(ckpt, "epoch", None) is not None:
+        ckpt.finish()
+        return
+    from cairn.store import open_store
+    from cairn.store.slotlog import RecordKind
+
+    with open_store(url) as store:
+        history = store.history(key)
+        if history and history[-1].kind is not RecordKind.DONE:
+            store.open_attempt(key, note={"mode": "finish"}).finish()

@@ -1,0 +1,116 @@
+"""The ``CAIRN_*`` environment contract between the integrations and the runtime, in one place.
+
+Every ``CAIRN_`` variable cairn reads or writes is a :class:`Var` here, and only here: the
+integrations (Airflow, KFP, the pod transform) *set* them for a try, the runtime (``cairn run``,
+``Checkpointer.from_env()``) *reads* them. ``docs/environment.md`` is generated from
+:data:`ALL` (:func:`markdown_table`), and a test keeps the two equal and fails on a ``CAIRN_``
+name spelled anywhere else.
+
+Stdlib and :mod:`cairn.exceptions` only; reads ``os.environ`` when asked, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cairn.exceptions import ConfigError
+
+PREFIX = "CAIRN_"
+
+
+@dataclass(frozen=True)
+class Var:
+    """One variable of the contract: its ``name``, what it means, who sets it, who reads it."""
+
+    name: str
+    meaning: str
+    set_by: str
+    read_by: str
+    default: str | None = None
+
+    def get(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The value in ``environ`` (default ``os.environ``); :attr:`default` when unset or
+        empty."""
+        value = (os.environ if environ is None else environ).get(self.name)
+        return value if value else self.default
+
+    def __str__(self) -> str:
+        return self.name
+
+
+STORE = Var("CAIRN_STORE", "the store URL: a directory or `gs://BUCKET/PREFIX`",
+            "every integration", "`Checkpointer.from_env()`, KFP components")
+KEY = Var("CAIRN_KEY", "the step's key, as `Key` text (`a/b/c`, percent-encoded components)",
+          "every integration", "`Checkpointer.from_env()`")
+EVERY_STEPS = Var("CAIRN_EVERY_STEPS", "snapshot every this many steps",
+                  "Airflow operators", "`Checkpointer.from_env()`")
+EVERY_SECONDS = Var("CAIRN_EVERY_SECONDS", "snapshot at most this many seconds apart",
+                    "Airflow operators, the placement policy", "`Checkpointer.from_env()`")
+EXCLUDE_SEQS = Var("CAIRN_EXCLUDE_SEQS",
+                   "snapshot seqs this try must not restore (the resume plan), e.g. `12,15`",
+                   "the try object (every integration)",
+                   "`Checkpointer.from_env()`, `cairn run`")
+NOTICE_FILE = Var("CAIRN_NOTICE_FILE", "the sidecar's preemption notice file, polled",
+                  "the pod transform", "`cairn run`, the Checkpointer")
+STATUS_FILE = Var("CAIRN_STATUS_FILE", "where snapshot counters are written for the sidecar's "
+                  "metrics", "the pod transform", "`cairn run`, the Checkpointer")
+SPOOL_DIR = Var("CAIRN_SPOOL_DIR", "`cairn run` dumps into this spool; the sidecar uploads",
+                "the pod transform", "`cairn run`")
+WORKDIR = Var("CAIRN_WORKDIR", "`cairn run`'s logs and staging (the same path on every node)",
+              "the user", "`cairn run`", default="/var/tmp/cairn/run")
+CRIU = Var("CAIRN_CRIU", "the CRIU binary to use (else `criu` on PATH)", "the user",
+           "process mode")
+IMAGE_DIGEST = Var("CAIRN_IMAGE_DIGEST", "the container image digest, for the compatibility "
+                   "record", "the Kubernetes and KFP integrations", "process mode")
+PLACEMENT_OPTION = Var("CAIRN_PLACEMENT_OPTION", "the capacity option this try was placed on",
+                       "the placement policy", "outcome records")
+PLACEMENT_REASON = Var("CAIRN_PLACEMENT_REASON", "why the try was placed there (one line)",
+                       "the placement policy", "outcome records")
+TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "directories, besides the working directory and "
+                  "`CAIRN_WORKDIR`, that process mode may track appended files under and a "
+                  "restore may write them back to (separated by `:`)",
+                  "the user, the integrations", "`cairn run` (dump and restore)")
+TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "more directories (os.pathsep-separated) whose files a "
+                  "process snapshot may track and a restore may write, besides the working "
+                  "directory and cairn's log directory", "the user, the integrations",
+                  "process mode (dump and restore)")
+KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
+                  "command instead of running it", "tests", "KFP's `run_command`")
+
+ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
+                        STATUS_FILE, SPOOL_DIR, WORKDIR, CRIU, IMAGE_DIGEST, PLACEMENT_OPTION,
+                        PLACEMENT_REASON, TRACK_ROOTS, KFP_DRY_RUN)
+BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
+
+
+def is_cairn_name(name: str) -> bool:
+    """Whether ``name`` is in cairn's namespace (``CAIRN_...``)."""
+    return name.startswith(PREFIX)
+
+
+def markdown_table() -> str:
+    """The contract as the table ``docs/environment.md`` holds."""
+    lines = ["| variable | meaning | set by | read by | default |", "|---|---|---|---|---|"]
+    lines += [f"| `{v.name}` | {v.meaning} | {v.set_by} | {v.read_by} | "
+              f"{f'`{v.default}`' if v.default else '–'} |" for v in ALL]
+    return "\n".join(lines) + "\n"
+
+
+def parse_seqs(text: str, *, source: str = "the seq list") -> frozenset[int]:
+    """``"12,15"`` → ``{12, 15}`` (the form of ``CAIRN_EXCLUDE_SEQS`` and ``--exclude-seqs``);
+    an empty text is the empty set."""
+    try:
+        seqs = frozenset(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError:
+        raise ConfigError(f"{source} must be comma-separated snapshot seqs, e.g. 12,15; "
+                          f"got {text!r}") from None
+    if any(seq < 1 for seq in seqs):
+        raise ConfigError(f"{source}: snapshot seqs are positive integers; got {text!r}")
+    return seqs
+
+
+def format_seqs(seqs: Iterable[int]) -> str:
+    """The inverse of :func:`parse_seqs`, sorted."""
+    return ",".join(str(seq) for seq in sorted(seqs))

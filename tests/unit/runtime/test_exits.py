@@ -1,0 +1,73 @@
+"""Exit codes: each error's code, and what a step's exit code stands for, both ways."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from cairn.exceptions import (
+    CairnError,
+    ConfigError,
+    CorruptSnapshot,
+    Fenced,
+    NoSnapshot,
+    Preempted,
+    StoreError,
+)
+from cairn.runtime.exits import (
+    ExitCode,
+    describe_exit,
+    error_for_exit,
+    exit_code_for,
+    from_wait_status,
+    try_exit_code,
+)
+
+
+@pytest.mark.parametrize("error,code", [
+    (ConfigError("x"), ExitCode.USAGE), (NoSnapshot("x"), ExitCode.NOT_FOUND),
+    (CorruptSnapshot("x"), ExitCode.CORRUPT), (Fenced("x"), ExitCode.FENCED),
+    (StoreError("x"), ExitCode.STORAGE), (PermissionError("x"), ExitCode.STORAGE),
+    (CairnError("x"), ExitCode.INTERNAL), (RuntimeError("x"), ExitCode.INTERNAL),
+    (Preempted("x", seq=4), ExitCode.PREEMPTED_SAVED), (Preempted("x"), ExitCode.PREEMPTED_KEPT),
+])
+def test_each_error_has_its_code(error: BaseException, code: ExitCode) -> None:
+    assert exit_code_for(error) is code
+
+
+def test_only_preemptions_and_fences_get_a_try_exit_code() -> None:
+    assert try_exit_code(Preempted("x", seq=3)) == 75
+    assert try_exit_code(Preempted("x")) == 76
+    assert try_exit_code(Fenced("x")) == 5
+    assert try_exit_code(ValueError("x")) is None
+
+
+@pytest.mark.parametrize("error", [Preempted("x", seq=3), Preempted("x"), Fenced("x")])
+def test_a_try_exit_code_maps_back_to_its_error(error: CairnError) -> None:
+    code = try_exit_code(error)
+    assert code is not None
+    assert type(error_for_exit(code, key="d/t/r")) is type(error)
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 6, 7, 137])
+def test_other_codes_are_not_cairn_errors(code: int) -> None:
+    assert error_for_exit(code) is None
+
+
+def test_descriptions_name_the_fix() -> None:
+    assert "cairn doctor" in describe_exit(7)
+    assert "128+N" in describe_exit(3)
+
+
+def test_wait_status_reads_like_a_shell() -> None:
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    _, status = os.waitpid(exited.pid, 0)
+    assert from_wait_status(status) == 3
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    killed.send_signal(signal.SIGKILL)
+    _, status = os.waitpid(killed.pid, 0)
+    assert from_wait_status(status) == 128 + signal.SIGKILL

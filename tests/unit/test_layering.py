@@ -1,0 +1,210 @@
+"""Imports only point down the layers of ADR 0018, packages form no cycle, and no private name
+crosses a package boundary.
+
+Every module of ``cairn/``, ``cairn_airflow`` and ``cairn_kfp`` is parsed with :mod:`ast`:
+module-level imports, function-local ones, ``TYPE_CHECKING`` blocks and
+``importlib.import_module("...")`` strings all count. Tests are exempt.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {
+    "cairn": ROOT / "cairn",
+    "cairn_airflow": ROOT / "providers" / "cairn_airflow" / "cairn_airflow",
+    "cairn_kfp": ROOT / "kfp_components" / "cairn_kfp",
+}
+
+#: ADR 0018, lowest first. A package may import its own layer's package and any lower layer;
+#: packages that share a layer are peers and import neither each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cairn.exceptions", "cairn.version"),
+    ("cairn.store",),
+    ("cairn.runtime",),
+    ("cairn.process", "cairn.state"),
+    ("cairn.policy",),
+    ("cairn.k8s",),
+    ("cairn.tries",),  # the try object: every integration's lifecycle
+    ("cairn.integrations", "cairn.cli"),
+    ("cairn",),  # the top-level public API (cairn/__init__.py)
+    ("cairn_airflow", "cairn_kfp"),
+)
+RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+
+#: What the integrations still import from below the public API and the runtime layer. Issue
+#: 14 moves these behind the try object; this list may only shrink (a new entry fails).
+INTEGRATION_DEBT: frozenset[tuple[str, str]] = frozenset({
+    ("cairn_airflow", "cairn.cli.progress"),
+    ("cairn_airflow", "cairn.k8s.transform"),
+    ("cairn_airflow", "cairn.policy"),
+    ("cairn_airflow", "cairn.policy.decide"),
+    ("cairn_airflow", "cairn.policy.resume"),
+    ("cairn_airflow", "cairn.state.checkpointer"),
+    ("cairn_airflow", "cairn.store"),
+    ("cairn_airflow", "cairn.store.slotlog"),
+    ("cairn_kfp", "cairn.policy"),
+    ("cairn_kfp", "cairn.policy.options"),
+    ("cairn_kfp", "cairn.store.keys"),
+})
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str     # the importing module, dotted
+    target: str     # the imported module, dotted
+    names: tuple[str, ...]
+    line: int
+
+    @property
+    def source_package(self) -> str:
+        return package_of(self.module)
+
+    @property
+    def target_package(self) -> str:
+        return package_of(self.target)
+
+
+def package_of(module: str) -> str:
+    """The layered package a dotted module belongs to."""
+    parts = module.split(".")
+    if parts[0] != "cairn":
+        return parts[0]
+    if len(parts) == 1:
+        return "cairn"
+    return "cairn." + parts[1]
+
+
+def module_name(top: str, path: Path) -> str:
+    rel = path.relative_to(SOURCES[top]).with_suffix("")
+    parts = [top, *rel.parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(top: str, path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = module_name(top, path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, (), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield Import(module, target, tuple(a.name for a in node.names), node.lineno)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            yield Import(module, node.args[0].value, (), node.lineno)
+
+
+def all_imports() -> list[Import]:
+    found = []
+    for top, root in SOURCES.items():
+        for path in sorted(root.rglob("*.py")):
+            found += [i for i in imports_of(top, path) if i.target.split(".")[0] in SOURCES]
+    return found
+
+
+def submodule_names(target: str, names: tuple[str, ...]) -> list[str]:
+    """``from cairn.store import keys`` imports the module ``cairn.store.keys``."""
+    return [f"{target}.{n}" for n in names if (ROOT / "cairn").exists()
+            and _is_module(f"{target}.{n}")]
+
+
+def _is_module(dotted: str) -> bool:
+    top, *rest = dotted.split(".")
+    if top not in SOURCES:
+        return False
+    base = SOURCES[top].joinpath(*rest)
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def cross_package(imports: list[Import]) -> list[Import]:
+    out = []
+    for i in imports:
+        targets = [i.target] + submodule_names(i.target, i.names)
+        for t in targets:
+            edge = Import(i.module, t, i.names, i.line)
+            if edge.source_package != edge.target_package:
+                out.append(edge)
+    return out
+
+
+IMPORTS = all_imports()
+EDGES = cross_package(IMPORTS)
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {e.source_package for e in EDGES} | {e.target_package for e in EDGES}
+    assert sorted(p for p in packages if p not in RANK) == []
+
+
+def describe(edge: Import) -> str:
+    return f"{edge.module}:{edge.line} imports {edge.target}"
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    upward = [describe(e) for e in EDGES
+              if e.target_package in RANK and e.source_package in RANK
+              and RANK[e.target_package] >= RANK[e.source_package]]
+    assert upward == []
+
+
+def test_no_cycles_between_packages() -> None:
+    graph: dict[str, set[str]] = {}
+    for e in EDGES:
+        graph.setdefault(e.source_package, set()).add(e.target_package)
+    for a, b in itertools.permutations(graph, 2):
+        if b in graph.get(a, ()) and a in graph.get(b, ()):
+            pytest.fail(f"{a} and {b} import each other")
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == 1:
+            pytest.fail("import cycle: " + " -> ".join(path + [node]))
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    private = [f"{describe(e)} ({', '.join(n for n in e.names if n.startswith('_'))})"
+               for e in EDGES
+               if any(n.startswith("_") and not n.startswith("__") for n in e.names)
+               and not _is_module(f"{e.target}.{e.names[0]}")]
+    assert private == []
+
+
+PUBLIC_FOR_INTEGRATIONS = ("cairn", "cairn.exceptions", "cairn.runtime", "cairn.tries")
+
+
+def test_integrations_import_only_the_public_api_and_the_runtime_layer() -> None:
+    found = {(e.source_package, e.target) for e in EDGES
+             if e.source_package in ("cairn_airflow", "cairn_kfp")
+             and e.target.split(".")[0] == "cairn"
+             and not any(e.target == p or e.target.startswith(p + ".")
+                         for p in PUBLIC_FOR_INTEGRATIONS[1:])
+             and e.target != "cairn"}
+    assert sorted(found - INTEGRATION_DEBT) == [], "new imports below the public API"
+    assert sorted(INTEGRATION_DEBT - found) == [], "paid off: remove them from INTEGRATION_DEBT"
