@@ -1,24 +1,53 @@
 """cairn: snapshots that let long pipeline steps resume where they stopped.
 
-``cairn.Checkpointer`` is :class:`cairn.state.checkpointer.Checkpointer`; importing ``cairn``
-does not import torch (the first use of ``cairn.Checkpointer`` does).
+The public API, what the README's examples use::
+
+    from cairn import Checkpointer, Key, open_store, ResumePolicy, Try
+
+Every name is imported on first use (``import cairn`` imports neither torch nor a cloud
+client; ``cairn.Checkpointer`` imports torch).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
+from cairn.version import __version__
+
 if TYPE_CHECKING:
-    from cairn.state.checkpointer import Checkpointer
+    from cairn.exceptions import CairnError, ConfigError, Fenced, GaveUp, Preempted
+    from cairn.policy.resume import ResumeOn, ResumePolicy
+    from cairn.state.checkpointer import Checkpointer, PersistMode, WhenBusy
+    from cairn.store import Key, Store, open_store
+    from cairn.tries import Try
 
-__version__ = "0.1.0.dev0"
+_PUBLIC = {
+    "Checkpointer": "cairn.state.checkpointer",
+    "PersistMode": "cairn.state.checkpointer",
+    "WhenBusy": "cairn.state.checkpointer",
+    "Key": "cairn.store",
+    "Store": "cairn.store",
+    "open_store": "cairn.store",
+    "ResumeOn": "cairn.policy.resume",
+    "ResumePolicy": "cairn.policy.resume",
+    "Try": "cairn.tries",
+    "CairnError": "cairn.exceptions",
+    "ConfigError": "cairn.exceptions",
+    "Fenced": "cairn.exceptions",
+    "GaveUp": "cairn.exceptions",
+    "Preempted": "cairn.exceptions",
+}
 
-__all__ = ["Checkpointer", "__version__"]
+__all__ = sorted([*_PUBLIC, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Checkpointer":
-        from cairn.state.checkpointer import Checkpointer
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
-        return Checkpointer
-    raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return __all__

@@ -26,7 +26,7 @@ def _cairn_key(*, run_id: Any, task_name: Any, loop_item: Any, key: Any,
     import json
 
     from cairn.exceptions import ConfigError
-    from cairn.store import Key
+    from cairn import Key
 
     unresolved = "{" + "{$."  # spelled apart: the shipped source must hold no placeholder
 
@@ -74,6 +74,11 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
     advice), with the capacity option and reason of ``$CAIRN_PLACEMENT_OPTION`` and
     ``$CAIRN_PLACEMENT_REASON`` when set; a try without a record was killed from outside.
 
+    The resume policy (``resume_on``, ``max_error_retries``, ``loop_guard`` in ``options``;
+    :mod:`cairn.policy.resume`) plans each try through :class:`cairn.tries.Try`: snapshots it
+    rules out are never restored, and a step that failed with its own error more than
+    ``max_error_retries`` times raises :class:`cairn.exceptions.GaveUp` before ``fn`` runs.
+
     ``share_result`` (needs ``run_id``; the spot → on-demand pattern of
     :mod:`cairn_kfp.fallback`): a success stores the JSON return value as this run's result of
     ``key`` (:func:`_cairn_result_name`) before the key is marked done, and any task of the
@@ -85,17 +90,19 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
     import os
 
     from cairn.exceptions import ConfigError
+    from cairn.runtime import env
 
     log = logging.getLogger("cairn_kfp")
-    store = store or os.environ.get("CAIRN_STORE", "")
+    store = store or env.STORE.get() or ""
     if not store:
         raise ConfigError("no cairn store: pass cairn_store= (a directory or gs://BUCKET/PREFIX) "
-                          "to the component or to the decorator's store=, or set CAIRN_STORE")
+                          f"to the component or to the decorator's store=, or set {env.STORE}")
     if "{" + "{$." in store:  # spelled apart: the shipped source must hold no placeholder
         raise ConfigError(f"cairn_store is {store!r}, an unresolved KFP placeholder; pass a "
                           "store URL or a pipeline parameter as the whole value")
+    policy_names = ("resume_on", "max_error_retries", "loop_guard")
     allowed = {"every_steps", "every_seconds", "persist", "when_busy", "buffers",
-               "max_failures", "keep_snapshots", "share_result"}
+               "max_failures", "keep_snapshots", "share_result", *policy_names}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigError(f"unknown cairn_options {unknown}; known: {sorted(allowed)}")
@@ -106,15 +113,20 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
         raise ConfigError("cairn_options['share_result'] needs the run id: call the component "
                           "inside a pipeline (its wrapper passes dsl.PIPELINE_JOB_ID_PLACEHOLDER "
                           f"as cairn_run_id), got {run_id!r}")
-    for name in ("every_steps", "buffers", "max_failures"):  # KFP passes dict numbers as floats
+    for name in ("every_steps", "buffers", "max_failures", "max_error_retries"):
         if isinstance(options.get(name), float) and options[name].is_integer():
-            options[name] = int(options[name])
-    os.environ["CAIRN_STORE"], os.environ["CAIRN_KEY"] = store, key
+            options[name] = int(options[name])  # KFP passes dict numbers as floats
+    from cairn import ResumePolicy, Try
+
+    policy = ResumePolicy(**{n: options.pop(n) for n in policy_names if n in options})
+    this_try = Try.begin(store=store, key=key, policy=policy)
+    print("cairn: resume plan: " + this_try.reason, flush=True)
+    os.environ.update(this_try.env())
     print("cairn: key " + json.dumps(key) + " in " + json.dumps(store), flush=True)
     result_name = _cairn_result_name(key, run_id) if share else None
     if result_name is not None:
         from cairn.exceptions import NotFound
-        from cairn.store import open_store
+        from cairn import open_store
 
         with open_store(store) as opened:
             try:
@@ -127,30 +139,29 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
             print("cairn: " + json.dumps({"key": key, "run": run_id, "reused_result": True}),
                   flush=True)
             return tuple(doc["value"]) if doc.get("tuple") else doc["value"]
+    this_try.check()  # a crash loop: fail before the function runs again
     if ckpt_parameter is None:
         result = fn(**kwargs)
         if result_name is not None:
-            from cairn.store import open_store
+            from cairn import open_store
 
             with open_store(store) as opened:
                 _cairn_keep_result(opened, result_name, result)
         return result
 
-    import time
-
-    from cairn.state.checkpointer import Checkpointer, PersistMode, WhenBusy
+    from cairn import PersistMode, WhenBusy
 
     if "persist" in options:
         options["persist"] = PersistMode(options["persist"])
     if "when_busy" in options:
         options["when_busy"] = WhenBusy(options["when_busy"])
-    ckpt = Checkpointer(store=store, key=key, **options)
-    started = time.time()
+    ckpt = this_try.checkpointer(**options)
+    detail = {"orchestrator": "kfp"}
     try:
         result = fn(**kwargs, **{ckpt_parameter: ckpt})
         if result_name is not None:
             _cairn_keep_result(ckpt.store, result_name, result)  # before done: see docstring
-        if not keep and getattr(ckpt, "_attempt", None) is not None:
+        if not keep and ckpt.epoch is not None:
             ckpt.finish()
     except BaseException as error:
         try:
@@ -158,14 +169,14 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
         except Exception as e:  # noqa: BLE001 - the function's error is the one to raise
             log.error("cairn: closing the Checkpointer after %s failed: %s",
                       type(error).__name__, e)
-        _cairn_outcome(ckpt, store, started, error)
+        this_try.ended(error=error, ckpt=ckpt, detail=detail)
         raise
     try:
         ckpt.close()  # raises if the last snapshot was not committed
     except BaseException as error:
-        _cairn_outcome(ckpt, store, started, error)
+        this_try.ended(error=error, ckpt=ckpt, detail=detail)
         raise
-    _cairn_outcome(ckpt, store, started, None)
+    this_try.ended(error=None, ckpt=ckpt, detail=detail)
     restored = ckpt.restored_from
     print("cairn: " + json.dumps({
         "key": key, "store": store, "seq": ckpt.committed_seq, "step": ckpt.committed_step,
@@ -178,7 +189,7 @@ def _cairn_result_name(key: str, run_id: str) -> str:
     """Where run ``run_id``'s result of ``key`` is kept: ``outputs/<key path>/@kfp-result/
     <run id>.json`` (``@`` is always escaped in key components and in batch_inference's output
     names, so nothing else lands there)."""
-    from cairn.store import Key
+    from cairn import Key
     from cairn.store.keys import encode_component
 
     return ("outputs/" + Key.parse(key).path + "/@kfp-result/" + encode_component(run_id)
@@ -205,41 +216,5 @@ def _cairn_keep_result(store: Any, name: str, result: Any) -> None:
         pass
 
 
-def _cairn_outcome(ckpt: Any, store: str, started: float, error: Any) -> None:
-    """File this try's outcome record: succeeded (``error`` None), preempted, fenced or failed,
-    with the placement of ``$CAIRN_PLACEMENT_OPTION``/``$CAIRN_PLACEMENT_REASON``. Nothing
-    when the function opened no attempt. Best effort: a failure is logged, never raised (an
-    outcome is advice for the next try). Called after the Checkpointer closed its store."""
-    import logging
-    import time
-
-    log = logging.getLogger("cairn_kfp")
-    epoch = getattr(ckpt, "epoch", None)
-    if epoch is None:
-        return  # no attempt: there is no try to describe
-    try:
-        from cairn.exceptions import Fenced, Preempted
-        from cairn.store import open_store
-        from cairn.store.outcomes import Outcome, OutcomeKind, Progress, record_best_effort
-
-        kind = (OutcomeKind.SUCCEEDED if error is None else OutcomeKind.PREEMPTED
-                if isinstance(error, Preempted) else OutcomeKind.FENCED
-                if isinstance(error, Fenced) else OutcomeKind.FAILED)
-        restored = ckpt.restored_from
-        detail = {"mode": "state", "orchestrator": "kfp"}
-        if error is not None:
-            detail["error"] = (type(error).__name__ + ": " + str(error))[:500]
-        outcome = Outcome(
-            epoch=epoch, outcome=kind, started_at=started, ended_at=max(time.time(), started),
-            progress=Progress(start_step=restored.step + 1 if restored is not None
-                              and restored.step is not None else 0,
-                              kept_step=ckpt.committed_step, snapshot_seq=ckpt.committed_seq),
-            snapshot_cost_s=ckpt.snapshot_cost_s, detail=detail)
-        with open_store(store, create=False) as opened:
-            record_best_effort(opened, ckpt.key, outcome)
-    except Exception as e:  # noqa: BLE001 - see docstring
-        log.warning("cairn: could not record this try's outcome for key %s: %s", ckpt.key, e)
-
-
 #: The functions copied into every generated component, in order.
-EMBEDDED = (_cairn_key, _cairn_run, _cairn_result_name, _cairn_keep_result, _cairn_outcome)
+EMBEDDED = (_cairn_key, _cairn_run, _cairn_result_name, _cairn_keep_result)

@@ -76,3 +76,21 @@ def shout(src: str, dst: str) -> None:
         for entry in os.listdir(out_dir):  # what a retry on another node starts with: nothing
             os.remove(os.path.join(out_dir, entry))
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fit_with_a_bug(ckpt: Any, steps: int, fail_at: int, marker: str, log: str) -> dict[str, Any]:
+    """Like :func:`fit`, but the step's own bug: raise at step ``fail_at`` — on every attempt
+    when ``marker`` is empty, on the first one only otherwise."""
+    model, opt = _model()
+    start = ckpt.restore(model=model, optimizer=opt)
+    with open(log, "a") as f:
+        f.write(f"start {start}\n")
+    for step in range(start, steps):
+        _train_step(model, opt, step)
+        ckpt.step(step)
+        if step == fail_at and not (marker and os.path.exists(marker)):
+            if marker:
+                open(marker, "w").close()
+            raise RuntimeError(f"a bug at step {step}")
+    return {"weight": model.weight.flatten().tolist(), "bias": model.bias.tolist(),
+            "start": start}

@@ -23,3 +23,20 @@ def test_checkpointer_is_reachable_from_the_top() -> None:
     assert "Checkpointer" in cairn.__all__
     with pytest.raises(AttributeError, match="no attribute 'Checkpointr'"):
         cairn.Checkpointr  # noqa: B018 - the lookup is the test
+
+
+def test_every_public_name_resolves_to_its_definition() -> None:
+    import importlib
+
+    import cairn
+
+    for name, module in cairn._PUBLIC.items():
+        assert getattr(cairn, name) is getattr(importlib.import_module(module), name), name
+    assert set(cairn.__all__) == {*cairn._PUBLIC, "__version__"}
+
+
+def test_the_store_api_does_not_import_torch_or_a_cloud_client() -> None:
+    code = ("import sys, cairn; cairn.open_store; cairn.Key; cairn.ResumePolicy; cairn.Try; "
+            "print(sorted(m for m in ('torch', 'google.cloud.storage') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
