@@ -68,10 +68,6 @@ PLACEMENT_OPTION = Var("CAIRN_PLACEMENT_OPTION", "the capacity option this try w
                        "the placement policy", "outcome records")
 PLACEMENT_REASON = Var("CAIRN_PLACEMENT_REASON", "why the try was placed there (one line)",
                        "the placement policy", "outcome records")
-TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "directories, besides the working directory and "
-                  "`CAIRN_WORKDIR`, that process mode may track appended files under and a "
-                  "restore may write them back to (separated by `:`)",
-                  "the user, the integrations", "`cairn run` (dump and restore)")
 TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "more directories (os.pathsep-separated) whose files a "
                   "process snapshot may track and a restore may write, besides the working "
                   "directory and cairn's log directory", "the user, the integrations",
