@@ -117,6 +117,8 @@ def run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__API_AUTH__JWT_SECRET": "cairn-ui-test-" + "0123456789abcdef" * 4,  # >= 64 bytes
+        # Connections a query's conn_id may name besides the task's own (issue 15).
+        "AIRFLOW__CAIRN__UI_CONN_IDS": "cairn_ui_db,cairn_ui_pg",
     }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -179,6 +181,8 @@ def test_the_api_reports_the_runs_snapshots_and_its_resume(client: Any, run: Run
     report = response.json()
     key = Key((DAG_ID, TASK_ID, run.run_id, "-1"))
     assert report["key"] == str(key) and report["state"] == "active"
+    # Readers see which connection, never the store's URL (issue 15).
+    assert report["store"] == "connection cairn_default" and str(run.store) not in response.text
     with open_store(str(run.store)) as store:
         expected = [(i.seq, i.manifest.step, i.manifest.bytes_written)
                     for i in store.snapshots(key)]
@@ -205,8 +209,17 @@ def test_the_page_and_deep_verify(client: Any, run: Run) -> None:
     assert f'href="/cairn/api/snapshots?{run.query}"' in page.text.replace("&amp;", "&")
     assert f'action="/cairn/snapshots/discard?{run.query}"' in page.text.replace("&amp;", "&")
 
-    deep = client.get(f"/cairn/api/snapshots?{run.query}&verify=deep", headers=headers).json()
+    assert str(run.store) not in page.text
+
+    # A full read of every snapshot needs the permission to edit the DAG, once per interval.
+    refused = client.get(f"/cairn/api/snapshots?{run.query}&verify=deep", headers=headers)
+    assert refused.status_code == 403, refused.text
+    admin = {"Authorization": f"Bearer {_token(client, 'admin')}"}
+    deep = client.get(f"/cairn/api/snapshots?{run.query}&verify=deep", headers=admin).json()
     assert deep["deep_verified"] and {s["status"] for s in deep["snapshots"]} == {"verified"}
+    again = client.get(f"/cairn/api/snapshots?{run.query}&verify=deep", headers=admin)
+    assert again.status_code == 429 and int(again.headers["retry-after"]) > 0
+    assert "deep-verified less than" in again.json()["detail"]
 
 
 # -- a real api-server and a real browser --------------------------------------------------------
@@ -343,8 +356,8 @@ def test_a_browser_logs_in_and_sees_the_snapshots(browser: Any, api_server: str,
 
 
 def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: Run) -> None:
-    """The api-server reads connections from its DB (not only the environment), and refuses
-    a connection of another type without repeating its host."""
+    """The api-server reads allow-listed connections from its DB (not only the environment),
+    refuses a connection of another type without repeating its host, and any other one."""
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
@@ -362,8 +375,9 @@ def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: R
                          headers=headers)
     assert foreign.status_code == 400 and "not a cairn connection" in foreign.text
     assert "secret-db" not in foreign.text
-    missing = client.get(f"/cairn/api/snapshots?{run.query}&conn_id=nope", headers=headers)
-    assert missing.status_code == 404
+    # Not the task's connection and not allow-listed: refused, whatever it names.
+    forged = client.get(f"/cairn/api/snapshots?{run.query}&conn_id=nope", headers=headers)
+    assert forged.status_code == 403 and "not the one this task uses" in forged.text
 
 
 def test_discarding_needs_edit_access_and_a_same_origin_form(client: Any, run: Run) -> None:

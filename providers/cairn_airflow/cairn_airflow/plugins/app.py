@@ -1,7 +1,7 @@
 """The FastAPI app the api-server mounts at ``/cairn``: one task instance's snapshots.
 
 Routes (query: ``dag_id``, ``task_id``, ``run_id``, ``map_index`` (default -1), ``verify``
-= ``present`` | ``deep``, ``conn_id`` = a ``cairn`` connection, default ``cairn_default``):
+= ``present`` | ``deep``, ``conn_id``: see below):
 
 - ``GET /cairn/snapshots``: the HTML page (works without JavaScript);
 - ``GET /cairn/api/snapshots``: the same report as JSON;
@@ -13,32 +13,89 @@ Airflow does not put plugin apps behind its authentication, so every route depen
 Airflow's own ``requires_access_dag("GET", TASK_INSTANCE)``: a valid JWT (``Authorization:
 Bearer`` or the UI's ``_token`` cookie) of a user who may read that DAG's task instances.
 Anonymous requests get 401, others 403; the page answers those with a short HTML page that
-links to the login, the API with Airflow's JSON error. Discarding needs what clearing a task
-instance needs (``PUT`` on its task instances); a form post authenticated by the cookie must
-come from the api-server's own origin.
+links to the login, the API with Airflow's JSON error. ``verify=deep`` (a full read of every
+retained snapshot) needs the permission to edit the DAG and runs at most once per
+``[cairn] deep_verify_interval_s`` (default 300) per task instance, else 429. Discarding needs
+what clearing a task instance needs (``PUT`` on its task instances); a form post authenticated
+by the cookie must come from the api-server's own origin.
 
-The key is the operator's own (:func:`cairn_airflow.operators.task_key`); the store is the
-``cairn`` connection's, parsed as :class:`cairn_airflow.hooks.CairnHook` does. An operator's
-``store_url=`` override is not known to the api-server; such tasks need a connection naming the
-same store. For ``gs://`` stores the api-server uses its own default credentials (a
-connection's ``gcs_keyfile_path`` is a path on the workers).
+The key is the operator's own (:func:`cairn_airflow.operators.task_key`); the store is that of
+the ``cairn`` connection the task itself uses (its serialized ``cairn_conn_id``, else
+``cairn_default``), parsed as :class:`cairn_airflow.hooks.CairnHook` does. A ``conn_id`` in the
+query is honoured only when it is that connection or on the allow-list ``[cairn] ui_conn_ids``
+(comma-separated), else 403: a DAG reader must not open another team's store
+(docs/security.md). The page and the API name the connection, never the store's URL or
+credentials. An operator's ``store_url=`` override is not known to the api-server; such tasks
+need a connection naming the same store. For ``gs://`` stores the api-server uses its own
+default credentials (a connection's ``gcs_keyfile_path`` is a path on the workers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import threading
+import time
 from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode, urlsplit
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from cairn_airflow.hooks import DEFAULT_CONN_ID
 from cairn_airflow.plugins.paths import API_PATH, PAGE_PATH, URL_PREFIX
+
+DEEP_VERIFY_INTERVAL_S = 300.0
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    """What the page may open: ``allowed_conn_ids`` besides each task's own connection, and
+    how often one task instance may be deep-verified."""
+
+    allowed_conn_ids: frozenset[str] = frozenset()
+    deep_verify_interval_s: float = DEEP_VERIFY_INTERVAL_S
+
+    @classmethod
+    def from_config(cls) -> UiSettings:
+        """From ``[cairn] ui_conn_ids`` and ``[cairn] deep_verify_interval_s``."""
+        from airflow.configuration import conf
+
+        names = conf.get("cairn", "ui_conn_ids", fallback="") or ""
+        interval = conf.get("cairn", "deep_verify_interval_s", fallback="") or ""
+        try:
+            every = float(interval) if interval.strip() else DEEP_VERIFY_INTERVAL_S
+        except ValueError:
+            raise ValueError(f"[cairn] deep_verify_interval_s must be a number of seconds, not "
+                             f"{interval!r}") from None
+        return cls(frozenset(n.strip() for n in names.split(",") if n.strip()), every)
+
+
+class _RateLimit:
+    """At most one call per ``interval_s`` per key, in this api-server process."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval = interval_s
+        self._last: dict[Any, float] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: Any) -> None:
+        """Record a call for ``key``; HTTPException 429 (with Retry-After) when too soon."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval:
+                wait = int(self._interval - (now - last)) + 1
+                raise HTTPException(429, f"this task instance was deep-verified less than "
+                                         f"{self._interval:g}s ago; try again in {wait}s",
+                                    headers={"Retry-After": str(wait)})
+            self._last[key] = now
+
 
 class Verify(str, enum.Enum):
     """How far the page checks each snapshot."""
@@ -77,6 +134,33 @@ def _store_config(conn_id: str) -> Any:
         # Say nothing of its host: the reader may not read connections.
         raise HTTPException(400, f"connection {conn_id!r} is not a cairn connection")
     return store_config_from_connection(conn)
+
+
+def task_conn_id(session: Any, dag_id: str, task_id: str) -> str:
+    """The ``cairn`` connection the task itself uses, from its serialized DAG (``cairn_conn_id``
+    when the operator serialized it, else ``cairn_default``). HTTPException 404 for a DAG or
+    task the metadata DB does not know."""
+    from airflow.models.dagbag import DBDagBag
+
+    dag = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+    if dag is None:
+        raise HTTPException(404, f"no DAG {dag_id!r}")
+    task = dag.task_dict.get(task_id)
+    if task is None:
+        raise HTTPException(404, f"DAG {dag_id!r} has no task {task_id!r}")
+    own = getattr(task, "cairn_conn_id", None)
+    return own if isinstance(own, str) and own else DEFAULT_CONN_ID
+
+
+def choose_conn_id(own: str, requested: str | None, settings: UiSettings) -> str:
+    """The connection a request may open: the task's own, or an allow-listed one it names.
+    HTTPException 403 for any other (the query is the user's, not the DAG author's)."""
+    if requested is None or requested == own:
+        return own
+    if requested in settings.allowed_conn_ids:
+        return requested
+    raise HTTPException(403, f"connection {requested!r} is not the one this task uses; an "
+                             "Airflow admin may allow it in [cairn] ui_conn_ids")
 
 
 def _airflow_tries(session: Any, *, dag_id: str, task_id: str, run_id: str,
@@ -127,20 +211,26 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
 
     ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)
     key = task_key({"ti": ti})
+    # Readers see which connection, never the store's URL (it may name another team's bucket
+    # layout, and a URL is a step towards its credentials).
+    label = f"connection {conn_id}"
     try:
         config = _store_config(conn_id)
     except CairnError as e:
-        raise HTTPException(400, str(e)) from None
+        raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
+                            ) from None
     try:
         store = open_store(config.url, create=False)
     except CairnError as e:  # no store yet: nothing was ever snapshotted there
-        return TaskReport(key=str(key), store=config.url, state="no records",
-                          notes=(str(e),))
+        return TaskReport(key=str(key), store=label, state="no records",
+                          notes=(str(e).replace(config.url, label),))
     with store:
         tries = (_airflow_tries(session, dag_id=dag_id, task_id=task_id, run_id=run_id,
                                 map_index=map_index) if session is not None else [])
-        return build_report(store, key, deep=verify is Verify.DEEP, airflow_tries=tries,
-                            outcomes=_outcomes(store, key))
+        report = build_report(store, key, deep=verify is Verify.DEEP, airflow_tries=tries,
+                              outcomes=_outcomes(store, key))
+    return dataclasses.replace(report, store=label, notes=tuple(
+        n.replace(config.url, label).replace(store.url, label) for n in report.notes))
 
 
 def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str) -> Any:
@@ -155,10 +245,10 @@ def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: 
         config = _store_config(conn_id)
         with open_store(config.url, create=False) as store:
             if not store.history(key):
-                raise HTTPException(404, f"key {key} has no records in {config.url}")
+                raise HTTPException(404, f"key {key} has no records in connection {conn_id}")
             return key, store.remove(key)
     except CairnError as e:
-        raise HTTPException(400, str(e)) from None
+        raise HTTPException(400, f"connection {conn_id!r}: {type(e).__name__}") from None
 
 
 def same_origin(request: Request) -> None:
@@ -171,38 +261,55 @@ def same_origin(request: Request) -> None:
         raise HTTPException(403, f"refusing a form post from origin {origin!r}")
 
 
-def create_app() -> FastAPI:
-    """The plugin's app (the api-server mounts it at ``/cairn``)."""
+def create_app(*, settings: UiSettings | None = None) -> FastAPI:
+    """The plugin's app (the api-server mounts it at ``/cairn``); ``settings`` default to
+    :meth:`UiSettings.from_config`."""
+    ui = settings if settings is not None else UiSettings.from_config()
+    deep_limit = _RateLimit(ui.deep_verify_interval_s)
     # The one gate of every route: Airflow's own user and DAG-permission dependency.
     can_read = [Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))]
     can_discard = [Depends(requires_access_dag("PUT", DagAccessEntity.TASK_INSTANCE)),
                    Depends(same_origin)]
+    can_edit_dag = requires_access_dag("PUT")
     app = FastAPI(title="cairn snapshots", description="A cairn task's snapshots and attempts.",
                   docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.get(API_PATH, dependencies=can_read)
-    def snapshots_json(session: SessionDep, ti: Annotated[Ti, Depends(ti_query)],
-                       verify: Verify = Verify.PRESENT,
-                       conn_id: str = DEFAULT_CONN_ID) -> JSONResponse:
+    def allowed(request: Request, user: Any, session: Any, ti: Ti, verify: Verify,
+                conn_id: str | None) -> tuple[int, str]:
+        """The map index and the connection this request may open; a deep verify is checked
+        against the DAG edit permission and the rate limit."""
         dag_id, task_id, run_id, map_index = ti
-        report = build(dag_id, task_id, run_id, parse_map_index(map_index), verify=verify,
-                       conn_id=conn_id, session=session)
+        index = parse_map_index(map_index)
+        chosen = choose_conn_id(task_conn_id(session, dag_id, task_id), conn_id, ui)
+        if verify is Verify.DEEP:
+            can_edit_dag(request, user)  # 403 unless the user may edit the DAG
+            deep_limit.take((dag_id, task_id, run_id, index))
+        return index, chosen
+
+    @app.get(API_PATH, dependencies=can_read)
+    def snapshots_json(request: Request, session: SessionDep, user: GetUserDep,
+                       ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
+                       conn_id: str | None = None) -> JSONResponse:
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, verify, conn_id)
+        report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=chosen,
+                       session=session)
         return JSONResponse(report.to_json())
 
     @app.get(PAGE_PATH, dependencies=can_read, response_class=HTMLResponse)
-    def snapshots_page(request: Request, session: SessionDep,
+    def snapshots_page(request: Request, session: SessionDep, user: GetUserDep,
                        ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
-                       conn_id: str = DEFAULT_CONN_ID) -> HTMLResponse:
+                       conn_id: str | None = None) -> HTMLResponse:
         from cairn_airflow.plugins.page import page_links, render_page
 
-        dag_id, task_id, run_id, map_index = ti
-        index = parse_map_index(map_index)
-        report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=conn_id,
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, verify, conn_id)
+        report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=chosen,
                        session=session)
         names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
                  "map_index": str(index)}
-        if conn_id != DEFAULT_CONN_ID:
-            names["conn_id"] = conn_id
+        if conn_id is not None:
+            names["conn_id"] = chosen
         prefix = str(request.scope.get("root_path", "")).rstrip("/")
         api_url, verify_url, discard_url = page_links(prefix, names)
         discarded = request.query_params.get("discarded", "")
@@ -211,23 +318,25 @@ def create_app() -> FastAPI:
                                         discarded=discarded if discarded.isdigit() else None))
 
     @app.post(API_PATH + "/discard", dependencies=can_discard)
-    def discard_json(ti: Annotated[Ti, Depends(ti_query)],
-                     conn_id: str = DEFAULT_CONN_ID) -> JSONResponse:
-        dag_id, task_id, run_id, map_index = ti
-        key, removed = discard(dag_id, task_id, run_id, parse_map_index(map_index),
-                               conn_id=conn_id)
+    def discard_json(request: Request, session: SessionDep, user: GetUserDep,
+                     ti: Annotated[Ti, Depends(ti_query)],
+                     conn_id: str | None = None) -> JSONResponse:
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
+        key, removed = discard(dag_id, task_id, run_id, index, conn_id=chosen)
         return JSONResponse({"key": str(key), "snapshots_removed": removed})
 
     @app.post(PAGE_PATH + "/discard", dependencies=can_discard)
-    def discard_form(request: Request, ti: Annotated[Ti, Depends(ti_query)],
-                     conn_id: str = DEFAULT_CONN_ID) -> RedirectResponse:
-        dag_id, task_id, run_id, map_index = ti
-        index = parse_map_index(map_index)
-        _, removed = discard(dag_id, task_id, run_id, index, conn_id=conn_id)
+    def discard_form(request: Request, session: SessionDep, user: GetUserDep,
+                     ti: Annotated[Ti, Depends(ti_query)],
+                     conn_id: str | None = None) -> RedirectResponse:
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
+        _, removed = discard(dag_id, task_id, run_id, index, conn_id=chosen)
         names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
                  "map_index": str(index), "discarded": str(removed)}
-        if conn_id != DEFAULT_CONN_ID:
-            names["conn_id"] = conn_id
+        if conn_id is not None:
+            names["conn_id"] = chosen
         prefix = str(request.scope.get("root_path", "")).rstrip("/")
         return RedirectResponse(f"{prefix}{PAGE_PATH}?{urlencode(names)}", status_code=303)
 
@@ -255,7 +364,7 @@ def _refusal_page(status: int, detail: str) -> str:
     except Exception:  # noqa: BLE001 - the refusal must render whatever the auth manager does
         login = "/"
     what = ("Sign in to Airflow to see this task's snapshots." if status == 401 else
-            "Your Airflow user may not read this DAG's task instances.")
+            "Your Airflow user may not read this DAG's task instances, or not do this.")
     return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>cairn snapshots: "
             f"refused</title></head><body><h1 id=\"refused\">{status}: {escape(detail)}</h1>"
             f"<p>{escape(what)} <a href=\"{escape(login)}\">"

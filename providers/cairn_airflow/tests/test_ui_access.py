@@ -1,0 +1,219 @@
+"""Issue 15: what the snapshots page lets each Airflow user open, behind Airflow's real
+``requires_access_dag`` and ``/auth/token`` login.
+
+The auth manager is Airflow's Simple one narrowed to one DAG (:class:`OneDagAuthManager`, a
+subclass defined here: the FAB auth manager, which grants per-DAG access natively, cannot be
+installed next to this Airflow's constraints yet). Two DAGs are serialized into the metadata DB
+and three stores hold snapshots of their keys: the task's own (``cairn_default``), another
+team's (``team_b``, a real ``cairn`` connection nobody allow-listed) and one on the allow-list
+(``team_shared``). Checked: a reader of one DAG sees that DAG's page, another DAG's page answers
+403, a forged ``conn_id`` is refused without a word of that store, the store URL is never shown,
+deep verification needs edit access and is rate-limited per task, discard needs clear access.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+MINE, OTHER, TASK_ID, RUN_ID = "cairn_ui_mine", "cairn_ui_other", "train", "manual__ui-access"
+PASSWORDS = {"reader": "reader-pw", "editor": "editor-pw"}
+
+
+class OneDagAuthManager(SimpleAuthManager):
+    """Simple auth manager whose users reach DAG ``cairn_ui_mine`` only (its reader reads it,
+    its editor edits it); everything else the Simple manager decides as usual."""
+
+    def is_authorized_dag(self, *, method: Any, user: Any, access_entity: Any = None,
+                          details: Any = None) -> bool:
+        if details is None or details.id != MINE:
+            return False
+        return super().is_authorized_dag(method=method, user=user, access_entity=access_entity,
+                                         details=details)
+
+
+def _dag(dag_id: str) -> Any:
+    from airflow.sdk import DAG
+
+    from cairn_airflow.operators import CairnPythonOperator
+
+    with DAG(dag_id, schedule=None) as dag:
+        CairnPythonOperator(task_id=TASK_ID, python_callable=lambda ckpt: None)
+    return dag
+
+
+def _snapshots(store_url: str, dag_id: str, marker: bytes, count: int) -> None:
+    from cairn.store import Key, SnapshotMode, open_store
+
+    with open_store(store_url) as store:
+        attempt = store.open_attempt(Key((dag_id, TASK_ID, RUN_ID, "-1")), note={"mode": "state"})
+        for step in range(count):
+            with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
+                snap.add_bytes("state.bin", marker * (step + 1))
+                snap.commit(step=step)
+
+
+@pytest.fixture(scope="module")
+def stores(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    root = tmp_path_factory.mktemp("cairn-ui-access")
+    paths = {name: root / f"store-{name}" for name in ("own", "team_b", "shared")}
+    passwords = root / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    env = {
+        "AIRFLOW_CONN_CAIRN_DEFAULT": json.dumps({"conn_type": "cairn",
+                                                  "extra": {"store_url": str(paths["own"])}}),
+        "AIRFLOW_CONN_TEAM_B": json.dumps({"conn_type": "cairn",
+                                           "extra": {"store_url": str(paths["team_b"])}}),
+        "AIRFLOW_CONN_TEAM_SHARED": json.dumps({"conn_type": "cairn",
+                                                "extra": {"store_url": str(paths["shared"])}}),
+        "AIRFLOW__CORE__AUTH_MANAGER": f"{__name__}.OneDagAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "reader:viewer,editor:user",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__API_AUTH__JWT_SECRET": "cairn-ui-access-" + "0123456789abcdef" * 4,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        with create_session() as session:
+            DagBundlesManager().sync_bundles_to_db(session=session)
+            session.flush()
+            update_dag_parsing_results_in_db(
+                "dags-folder", None, [LazyDeserializedDAG.from_dag(_dag(d)) for d in (MINE, OTHER)],
+                {}, None, set(), session=session)
+        _snapshots(str(paths["own"]), MINE, b"own", 2)
+        _snapshots(str(paths["own"]), OTHER, b"other-dag", 1)
+        _snapshots(str(paths["team_b"]), MINE, b"team-b-secret", 3)
+        _snapshots(str(paths["shared"]), MINE, b"shared", 3)
+        yield paths
+
+
+@pytest.fixture(scope="module")
+def client(stores: dict[str, Path]) -> Iterator[Any]:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
+    from cairn_airflow.plugins.app import UiSettings, create_app
+    from cairn_airflow.plugins.paths import URL_PREFIX
+
+    app = FastAPI()
+    init_auth_manager(app)
+    # Mounted as the api-server mounts the plugin's app, with the allow-list given directly.
+    app.mount(URL_PREFIX, create_app(settings=UiSettings(frozenset({"team_shared"}))))
+    try:
+        with TestClient(app) as client:
+            yield client
+    finally:
+        purge_cached_app()  # the next module's auth manager is its own
+
+
+def _auth(client: Any, user: str) -> dict[str, str]:
+    response = client.post("/auth/token", json={"username": user, "password": PASSWORDS[user]})
+    assert response.status_code == 201, response.text
+    return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+
+def _query(dag_id: str = MINE, **extra: str) -> str:
+    return urlencode({"dag_id": dag_id, "task_id": TASK_ID, "run_id": RUN_ID, "map_index": -1,
+                      **extra})
+
+
+def test_a_reader_of_one_dag_sees_its_page_and_not_the_store_url(client: Any,
+                                                                 stores: dict[str, Path]) -> None:
+    reader = _auth(client, "reader")
+    page = client.get(f"/cairn/snapshots?{_query()}", headers=reader)
+    assert page.status_code == 200, page.text
+    assert page.text.count('class="snapshot-row"') == 2
+    api = client.get(f"/cairn/api/snapshots?{_query()}", headers=reader)
+    assert api.status_code == 200 and [s["step"] for s in api.json()["snapshots"]] == [1, 0]
+    assert api.json()["store"] == "connection cairn_default"
+    for body in (page.text, api.text):
+        assert str(stores["own"]) not in body and "store-own" not in body
+
+
+def test_another_dags_page_answers_403(client: Any) -> None:
+    reader = _auth(client, "reader")
+    page = client.get(f"/cairn/snapshots?{_query(OTHER)}", headers=reader)
+    assert page.status_code == 403 and 'id="refused"' in page.text
+    assert "snapshot-row" not in page.text
+    api = client.get(f"/cairn/api/snapshots?{_query(OTHER)}", headers=reader)
+    assert api.status_code == 403 and api.json() == {"detail": "Forbidden"}
+
+
+def test_a_forged_conn_id_is_refused(client: Any, stores: dict[str, Path]) -> None:
+    for user in ("reader", "editor"):
+        headers = _auth(client, user)
+        for path in ("/cairn/snapshots", "/cairn/api/snapshots"):
+            forged = client.get(f"{path}?{_query(conn_id='team_b')}", headers=headers)
+            assert forged.status_code == 403, forged.text
+            assert "not the one this task uses" in forged.text
+            assert str(stores["team_b"]) not in forged.text and "snapshot-row" not in forged.text
+        discard = client.post(f"/cairn/api/snapshots/discard?{_query(conn_id='team_b')}",
+                              headers=headers)
+        assert discard.status_code == 403
+    from cairn.store import Key, open_store
+
+    with open_store(str(stores["team_b"])) as store:  # nothing of team_b's was touched
+        assert len(store.snapshots(Key((MINE, TASK_ID, RUN_ID, "-1")))) == 3
+
+
+def test_an_allow_listed_connection_opens(client: Any, stores: dict[str, Path]) -> None:
+    reader = _auth(client, "reader")
+    shared = client.get(f"/cairn/api/snapshots?{_query(conn_id='team_shared')}", headers=reader)
+    assert shared.status_code == 200, shared.text
+    assert len(shared.json()["snapshots"]) == 3
+    assert shared.json()["store"] == "connection team_shared"
+    assert str(stores["shared"]) not in shared.text
+    own = client.get(f"/cairn/api/snapshots?{_query(conn_id='cairn_default')}", headers=reader)
+    assert own.status_code == 200 and len(own.json()["snapshots"]) == 2
+
+
+def test_an_unknown_task_is_not_found(client: Any) -> None:
+    reader = _auth(client, "reader")
+    missing = client.get(f"/cairn/api/snapshots?{_query(task_id='nope')}".replace(
+        f"task_id={TASK_ID}&", ""), headers=reader)
+    assert missing.status_code == 404 and "no task 'nope'" in missing.text
+
+
+def test_deep_verify_needs_edit_access_and_is_rate_limited(client: Any) -> None:
+    deep = f"/cairn/api/snapshots?{_query(verify='deep')}"
+    refused = client.get(deep, headers=_auth(client, "reader"))
+    assert refused.status_code == 403
+    editor = _auth(client, "editor")
+    first = client.get(deep, headers=editor)
+    assert first.status_code == 200, first.text
+    assert first.json()["deep_verified"]
+    assert {s["status"] for s in first.json()["snapshots"]} == {"verified"}
+    again = client.get(deep, headers=editor)
+    assert again.status_code == 429 and int(again.headers["retry-after"]) > 0
+    # Per task instance: the cheap check still answers.
+    assert client.get(f"/cairn/api/snapshots?{_query()}", headers=editor).status_code == 200
+
+
+def test_discard_needs_clear_access(client: Any, stores: dict[str, Path]) -> None:
+    """Runs last: it removes DAG cairn_ui_mine's snapshots from its own store."""
+    from cairn.store import Key, open_store
+
+    url = f"/cairn/api/snapshots/discard?{_query()}"
+    assert client.post(url, headers=_auth(client, "reader")).status_code == 403
+    editor = _auth(client, "editor")
+    assert client.post(f"/cairn/api/snapshots/discard?{_query(OTHER)}",
+                       headers=editor).status_code == 403
+    done = client.post(url, headers=editor)
+    assert done.status_code == 200 and done.json()["snapshots_removed"] == 2
+    with open_store(str(stores["own"])) as store:
+        assert store.snapshots(Key((MINE, TASK_ID, RUN_ID, "-1"))) == []
+        assert len(store.snapshots(Key((OTHER, TASK_ID, RUN_ID, "-1")))) == 1
