@@ -20,11 +20,21 @@ it takes a last snapshot and closes: every snapshot is durable when ``fit`` retu
 Exact resume needs what Lightning's own mid-epoch resume needs: a train loader that can save
 its position (torchdata's ``StatefulDataLoader``; a plain ``DataLoader`` restarts the epoch from
 its first batch, with Lightning's warning). The global RNGs are set once more when training
-starts, after Lightning has set up the loader, which may draw from them.
+starts, after Lightning has set up the loader, which draws from them. Before Lightning starts
+the train loader's workers, the callback puts cairn's worker hook on it
+(:mod:`cairn.state.loader_workers`), so augmentation drawn from the global RNGs inside workers
+resumes exactly too.
+
+Validation and schedulers stay on the uninterrupted timeline: when a snapshot falls on a step
+that validates, it is taken at the end of that validation (``on_validation_end``, where
+Lightning's ``ModelCheckpoint`` saves), so the resumed fit neither skips nor repeats it and
+steps ``ReduceLROnPlateau`` with the value it computed; the trainer's ``callback_metrics``
+(numbers only) are snapshotted and put back, so a scheduler monitoring a validation metric
+finds it before the resumed fit has validated.
 
 Not captured: state a LightningModule keeps only through ``on_save_checkpoint`` (keep it in
-buffers, or in a callback's ``state_dict``), loggers, and a validation run that was due at
-the snapshot's step (Lightning's restart logic skips it, as with its own checkpoints).
+buffers, or in a callback's ``state_dict``) and loggers. A train loader whose position or
+worker RNGs cannot be saved is named in one log line when the fit resumes.
 Sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused. Single-device training is
 tested; DDP takes one part per rank, as under torchrun, but has not been run.
 """
@@ -52,7 +62,7 @@ except ImportError as _lightning_error:
     except ImportError:
         raise missing("PyTorch Lightning", "lightning", _lightning_error) from None
 
-from cairn.state import capture
+from cairn.state import capture, loader_workers
 from cairn.state.codec import flatten
 
 log = logging.getLogger(__name__)
@@ -89,6 +99,8 @@ class CairnCheckpoint(pl.Callback):
         self._rng: dict[str, Any] | None = None
         self._last_global_step = 0
         self._unsaveable: set[str] = set()
+        self._pending: int | None = None  # a due snapshot's step, taken when validation ends
+        self._metrics: dict[str, Any] | None = None  # callback_metrics to put back
 
     # -- restore -----------------------------------------------------------------------------
 
@@ -98,6 +110,7 @@ class CairnCheckpoint(pl.Callback):
             raise ConfigError("this CairnCheckpoint already ran a fit; use a new one per fit")
         ckpt = make_checkpointer(**self._factory)
         self.checkpointer = ckpt
+        self._hook_train_loader(trainer)
         trainer_state = _TrainerState(self, trainer)
         start = ckpt.restore(
             model=pl_module,
@@ -132,6 +145,7 @@ class CairnCheckpoint(pl.Callback):
                               "restores loop progress differently")
         self.restored_step = start - 1
         self._last_global_step = trainer.global_step
+        self._metrics = state.get("callback_metrics") or None
         # Setting up the train loader between here and the first batch draws from the global
         # RNG; the uninterrupted run drew those at its epoch start, long before the snapshot.
         self._rng = capture.rng_state()
@@ -139,9 +153,50 @@ class CairnCheckpoint(pl.Callback):
                  trainer.global_step, trainer.current_epoch)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._metrics is not None:
+            import torch
+
+            # A scheduler monitoring a validation metric steps before the resumed fit has
+            # validated; it gets the value the uninterrupted fit would have.
+            trainer.callback_metrics.update(
+                {k: torch.tensor(v) for k, v in self._metrics.items()
+                 if k not in trainer.callback_metrics})
+            self._metrics = None
         if self._rng is not None:
             capture.set_rng_state(self._rng)
             self._rng = None
+
+    def _hook_train_loader(self, trainer: pl.Trainer) -> None:
+        """Run :meth:`_train_loader_ready` once Lightning has built the train loader and
+        loaded its state, before it creates the loader's iterator (and starts its workers)."""
+        fit_loop = trainer.fit_loop
+        load = getattr(fit_loop, "_load_combined_loader_states", None)
+        if load is None:
+            log.warning("this Lightning version gives no hook before the train loader starts; "
+                        "augmentation drawn in its workers is not snapshotted")
+            return
+
+        def load_then_hook() -> None:
+            states = list(getattr(fit_loop, "_combined_loader_states_to_load", None) or [])
+            load()
+            self._train_loader_ready(trainer, states)
+
+        fit_loop._load_combined_loader_states = load_then_hook
+
+    def _train_loader_ready(self, trainer: pl.Trainer, states: list[Any]) -> None:
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        loaders = list(combined.flattened) if combined is not None else []
+        for loader in loaders:
+            loader_workers.install(loader)
+        if self.restored_step is None:
+            return
+        remaining = iter(states)  # one per stateful loader, in order
+        reasons = []
+        for loader in loaders:
+            state = next(remaining, None) if hasattr(loader, "state_dict") else None
+            reasons += loader_workers.diagnose(loader, state)
+        loader_workers.log_if_not_exact(
+            reasons, what=f"resuming the Lightning fit at global step {self.restored_step + 1}")
 
     # -- snapshot ----------------------------------------------------------------------------
 
@@ -151,8 +206,49 @@ class CairnCheckpoint(pl.Callback):
         if step == self._last_global_step:
             return  # accumulating gradients: no optimizer step, nothing consistent to save
         self._last_global_step = step
+        if self._validates_now(trainer):
+            # Snapshot after this step's validation, not before it: see on_validation_end.
+            self._pending = step - 1
+            return
         if self.checkpointer.step(step - 1):
             self.saved_step = step - 1
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        fit_loop = trainer.fit_loop
+        if self.restored_step is not None and fit_loop.restarting:
+            # Lightning skips the epoch-interval ReduceLROnPlateau at the end of the epoch a
+            # fit restarted in, as if the checkpoint had been saved at its end. Every cairn
+            # snapshot is taken before the epoch ends, so that step is still due: let
+            # Lightning take it, right after these hooks as in the uninterrupted fit.
+            fit_loop._restarting = False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step, self._pending = self._pending, None
+        if step is None or trainer.sanity_checking or self.checkpointer is None:
+            return
+        # Lightning restarts a fit saved here past this validation (RESTARTED_ON_LAST) and
+        # steps the plateau schedulers with the restored callback_metrics.
+        if self.checkpointer.step(step):
+            self.saved_step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self._pending is not None:
+            # The validation expected did not run; its step's snapshot would now hold a
+            # loader one batch ahead, so the next due step snapshots instead.
+            log.info("step %d: validation did not run; no snapshot at this step", self._pending)
+            self._pending = None
+
+    def _validates_now(self, trainer: pl.Trainer) -> bool:
+        """Whether Lightning validates right after this batch (as ``on_advance_end`` decides)."""
+        epoch_loop = trainer.fit_loop.epoch_loop
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        try:
+            return (fetcher is not None and not epoch_loop._skip_next_val
+                    and bool(epoch_loop._should_check_val_fx(fetcher))
+                    and not epoch_loop.val_loop.skip)
+        except (AttributeError, TypeError):
+            return False  # another Lightning version: snapshot here, before validation
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         ckpt, self.checkpointer = self.checkpointer, None
@@ -196,7 +292,7 @@ class CairnCheckpoint(pl.Callback):
                 datamodule = state
         return {"version": STATE_VERSION, "lightning": pl.__version__,
                 "fit_loop": trainer.fit_loop.state_dict(), "callbacks": callbacks,
-                "datamodule": datamodule}
+                "datamodule": datamodule, "callback_metrics": _numbers(trainer.callback_metrics)}
 
     def _saveable(self, what: str, state: Any) -> bool:
         if what in self._unsaveable:
@@ -240,6 +336,18 @@ class _TrainerState:
 
     def load_state_dict(self, state: Any) -> None:
         self.loaded = state
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The scalar entries of ``callback_metrics`` as floats (a metric is a 0-d tensor)."""
+    out = {}
+    for name, value in metrics.items():
+        try:
+            if getattr(value, "numel", lambda: 1)() == 1:
+                out[str(name)] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+    return out
 
 
 def _check_strategy(trainer: pl.Trainer) -> None:

@@ -25,6 +25,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.integrations.lightning import CairnCheckpoint
+from cairn.state.checkpointer import PersistMode
 from tests.support.rng_training import GlobalNoise
 
 
@@ -62,8 +63,12 @@ class Module(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=2e-2)
         step = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9)
-        with_val = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
-        at_epoch = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.8, patience=0)
+        # mode="max" on a falling loss: every validation after the first cuts the lr, so a
+        # plateau step missed or repeated on resume shows in the lr at once.
+        with_val = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5,
+                                                              patience=0)
+        at_epoch = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.8,
+                                                              patience=0)
         return [opt], [
             {"scheduler": step, "interval": "step"},
             {"scheduler": with_val, "interval": "step", "frequency": 10, "monitor": "val_loss"},
@@ -121,6 +126,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--inline", action="store_true",
+                        help="persist on the training thread: durable when 'saved' prints")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="log %(name)s %(message)s",
                         stream=sys.stdout)
@@ -129,8 +136,9 @@ def main() -> int:
     np.random.seed(1)
     random.seed(1)
     torch.set_num_threads(1)
+    options = {"persist": PersistMode.INLINE} if args.inline else {}
     cairn = CairnCheckpoint(store=args.store, key=args.key, every_steps=args.every,
-                            every_seconds=None)
+                            every_seconds=None, **options)
     trainer = pl.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, gradient_clip_val=1.0,

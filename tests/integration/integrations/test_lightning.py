@@ -176,3 +176,43 @@ def test_without_lightning_the_import_names_the_extra(monkeypatch: pytest.Monkey
     monkeypatch.delitem(sys.modules, "cairn.integrations.lightning", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'cairn\[lightning\]'"):
         importlib.import_module("cairn.integrations.lightning")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "kill_at"), [
+    # The snapshot of step 9 is due where validation and the frequency-10 plateau run.
+    pytest.param(["--workers", "0"], 9, id="no-workers-resume-at-a-validation-step"),
+    pytest.param(["--workers", "2", "--persistent"], 19, id="2-persistent-workers-mid-epoch"),
+])
+def test_global_rng_augmentation_validation_and_plateau_resume_bit_identical(
+        tmp_path: Path, options: list[str], kill_at: int) -> None:
+    """Issue 22's fit: augmentation from the global RNGs in ``__getitem__``, a loader with no
+    generator, dropout, AdamW, clipping, validation every 10 batches and ReduceLROnPlateau on
+    val_loss (with validation, and at epoch ends). SIGKILLed once the snapshot of ``kill_at``
+    is durable, the rerun matches the uninterrupted fit at every step: loss, lr (every
+    scheduler step, plateau included), validation loss at the same global steps, weights."""
+    pytest.importorskip("lightning.pytorch")
+    from tests.support.resume_runs import finish as done
+    from tests.support.resume_runs import start
+
+    module = "tests.support.lightning_augment"
+    flags = [*options, "--every", "10", "--inline"]
+    reference = start(module, str(tmp_path / "ref-store"), KEY, str(tmp_path / "ref.pt"), *flags)
+    victim = start(module, str(tmp_path / "store"), KEY, str(tmp_path / "out.pt"), *flags)
+    kill_after(victim, f"saved {kill_at}")
+    ref = done(reference)
+    lines = done(start(module, str(tmp_path / "store"), KEY, str(tmp_path / "out.pt"), *flags))
+
+    def tagged(tag: str, of: list[str]) -> dict[int, str]:
+        return {int(p[1]): p[2] for p in (line.split() for line in of) if p[0] == tag}
+
+    resumed = int(next(line for line in lines if line.startswith("start ")).split()[1])
+    assert resumed == kill_at + 1
+    assert sorted(tagged("loss", lines)) == list(range(resumed, 40))
+    for tag in ("loss", "lr", "val"):
+        want = {s: v for s, v in tagged(tag, ref).items() if s >= resumed}
+        assert tagged(tag, lines) == want, f"the resumed fit's {tag} diverged"
+    assert sorted(tagged("val", lines)) == [21, 33]  # each validation ran once, on time
+    assert len(set(tagged("lr", ref).values())) > 5  # the schedulers did change the lr
+    assert not [line for line in lines if "not bit-identical" in line]
+    same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
