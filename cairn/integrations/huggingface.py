@@ -33,17 +33,25 @@ the RNGs back (after fast-forwarding the dataloader), and where the callback put
 too: the resumed run continues bit-identically when the uninterrupted one is deterministic.
 When training ends it takes a last snapshot of the finished state.
 
+Augmentation drawn from the global RNGs in a map-style dataset's ``__getitem__`` resumes
+exactly with ``dataloader_num_workers=0``: the batches of the snapshotted step and the one
+accelerate prefetches were fetched before the snapshot, each from the RNGs as the step before
+left them. The callback records the RNG states each batch fetch starts from (it sets the
+dataset's ``__getitems__``, which torch's fetcher calls once a batch), snapshots those of the
+batches fetched but not yet trained, and replays them for the first fetches after a resume.
+
 Not captured, as with transformers' own resume: the running loss sum between two logging
 steps (the first logged loss after a resume averages the steps since the resume), random
-augmentation drawn in dataloader workers (seeded anew when the fast-forwarded loader starts)
-or while fetching the first batches after the resume, and state a custom ``Trainer`` subclass
-keeps in attributes. Refused: DeepSpeed, FSDP, ``model_init`` and ``auto_find_batch_size``.
+augmentation drawn in dataloader workers (transformers' DataLoader cannot save its workers'
+state: they are seeded anew when the fast-forwarded loader starts; a resume says so in one log
+line), and state a custom ``Trainer`` subclass keeps in attributes. Refused: DeepSpeed, FSDP, ``model_init`` and ``auto_find_batch_size``.
 Single-process training is tested; under DDP every rank runs :func:`train` and writes one
 part per rank, as under torchrun, but that has not been run.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
@@ -67,7 +75,7 @@ try:
 except ImportError as _transformers_error:
     raise missing("Hugging Face transformers", "huggingface", _transformers_error) from None
 
-from cairn.state import capture
+from cairn.state import capture, loader_workers, rng
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +156,8 @@ class CairnCallback(TrainerCallback):
         self._param_groups: list[dict[str, Any]] | None = None
         self._rng: dict[str, Any] | None = None
         self._last_global_step = 0
+        self._ledger: _FetchLedger | None = None
+        self._start_step = 0
 
     # -- before trainer.train() --------------------------------------------------------------
 
@@ -161,7 +171,8 @@ class CairnCallback(TrainerCallback):
         self.checkpointer = ckpt
         self._trainer = trainer
         self._optimizer = trainer.create_optimizer()
-        state = _TrainerState(trainer)
+        self._ledger = _FetchLedger.install(trainer)
+        state = _TrainerState(trainer, self)
         scaler = getattr(trainer.accelerator, "scaler", None)
         start = ckpt.restore(model=trainer.model, optimizer=self._optimizer,
                              scheduler=self._scheduler, scaler=scaler, loader=state)
@@ -179,7 +190,12 @@ class CairnCallback(TrainerCallback):
                               f"step {start - 1}")
         self.restored_step = start - 1
         self._last_global_step = start
+        self._start_step = start
         self._rng = capture.rng_state()
+        if self._ledger is not None:
+            self._ledger.replay = list(doc.get("fetch_rng") or [])
+        loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger),
+                                        what=f"resuming the Trainer at global step {start}")
         # Creating the LR scheduler inside train() sets every group's lr to its step-0 value;
         # transformers' own resume loads the optimizer after that, and so do we, in
         # on_train_begin.
@@ -253,12 +269,14 @@ class _TrainerState:
     as the JSON transformers writes to ``trainer_state.json``, with the stateful callbacks
     (``ExportableState``, ``TrainerControl``) as they are now, as ``_save_checkpoint`` does."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, owner: CairnCallback) -> None:
         self._trainer = trainer
+        self._owner = owner
         self.loaded: Any = None
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self._trainer
+        owner = self._owner
         callbacks: dict[str, Any] = {}
         for callback in trainer.callback_handler.callbacks + [trainer.control]:
             if isinstance(callback, ExportableState):
@@ -272,11 +290,76 @@ class _TrainerState:
         doc = dataclasses.asdict(trainer.state)
         doc["stateful_callbacks"] = callbacks
         # A string, not a tree: it goes back to transformers byte for byte.
+        fetch_rng: list[Any] = []
+        if owner._ledger is not None:
+            trained = (trainer.state.global_step - owner._start_step) \
+                * trainer.args.gradient_accumulation_steps
+            fetch_rng = owner._ledger.ahead(trained)
         return {"version": STATE_VERSION, "transformers": transformers.__version__,
-                "trainer_state": json.dumps(doc, sort_keys=True)}
+                "trainer_state": json.dumps(doc, sort_keys=True), "fetch_rng": fetch_rng}
 
     def load_state_dict(self, state: Any) -> None:
         self.loaded = state
+
+
+class _FetchLedger:
+    """The global RNG states each batch fetch of the train dataset started from, in the
+    training process (``dataloader_num_workers=0``), and those to put back for the first
+    fetches after a resume. Installed as the dataset's ``__getitems__``, which torch's map-style
+    fetcher calls once per batch."""
+
+    def __init__(self, depth: int) -> None:
+        self.fetches = 0
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=depth)
+        self.replay: list[dict[str, Any]] = []
+
+    @classmethod
+    def install(cls, trainer: Trainer) -> _FetchLedger | None:
+        import torch
+
+        dataset = trainer.train_dataset
+        if (trainer.args.dataloader_num_workers != 0 or dataset is None
+                or isinstance(dataset, torch.utils.data.IterableDataset)
+                or not hasattr(dataset, "__getitem__")):
+            return None
+        # The step's batches plus the one accelerate fetches ahead.
+        ledger = cls(trainer.args.gradient_accumulation_steps + 2)
+        own = getattr(dataset, "__getitems__", None)
+
+        def getitems(indices: Any) -> Any:
+            if ledger.replay:
+                rng.restore(ledger.replay.pop(0))
+            ledger.recent.append(rng.capture(cuda=False))
+            ledger.fetches += 1
+            return own(indices) if own is not None else [dataset[i] for i in indices]
+
+        try:
+            object.__setattr__(dataset, "__getitems__", getitems)
+        except (AttributeError, TypeError):
+            return None  # a slotted dataset: _not_exact says so on resume
+        return ledger
+
+    def ahead(self, trained: int) -> list[dict[str, Any]]:
+        """The states of the fetches beyond the first ``trained`` batches of this process."""
+        count = min(max(self.fetches - trained, 0), len(self.recent))
+        return list(self.recent)[len(self.recent) - count:] if count else []
+
+
+def _not_exact(trainer: Trainer, ledger: _FetchLedger | None) -> list[str]:
+    """Why resuming this Trainer is not bit-identical (as far as cairn can tell)."""
+    import torch
+
+    workers = trainer.args.dataloader_num_workers
+    if workers:
+        return [f"transformers' DataLoader cannot save its {workers} workers' state: "
+                "augmentation drawn in workers is seeded anew"]
+    if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
+        return [f"the IterableDataset {type(trainer.train_dataset).__name__} is replayed from "
+                "the start of the epoch by transformers"]
+    if ledger is None and trainer.train_dataset is not None:
+        return ["cairn could not hook the train dataset's batch fetches: augmentation in the "
+                "first batches after the resume is drawn from other RNG states"]
+    return []
 
 
 class _Pending:

@@ -143,3 +143,52 @@ def test_without_transformers_the_import_names_the_extra(monkeypatch: pytest.Mon
     monkeypatch.delitem(sys.modules, "cairn.integrations.huggingface", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'cairn\[huggingface\]'"):
         importlib.import_module("cairn.integrations.huggingface")
+
+
+@pytest.mark.slow
+def test_global_rng_augmentation_resumes_bit_identical(tmp_path: Path) -> None:
+    """``__getitem__`` draws from torch, numpy and Python ``random`` in the training process:
+    the batches fetched before the snapshot (the step's own and the one accelerate fetches
+    ahead) are fetched again after the resume from the same RNG states."""
+    pytest.importorskip("transformers")
+    from tests.support import resume_runs
+
+    def run(store: str, out: str) -> subprocess.Popen[str]:
+        return resume_runs.start("tests.support.hf_augment", str(tmp_path / store), KEY,
+                                 str(tmp_path / out), "--epochs", "2", "--every", "5")
+
+    reference, victim = run("ref-store", "ref.pt"), run("store", "out.pt")
+    seen = resume_runs.kill_after(victim, "committed 9")
+    ref = resume_runs.losses(resume_runs.finish(reference))
+    assert sorted(ref) == list(range(2 * BATCHES_PER_EPOCH))
+    last_staged = max(int(line.split()[1]) for line in seen if line.startswith("saved "))
+    lines = resume_runs.finish(run("store", "out.pt"))
+    resumed = int(next(line for line in lines if line.startswith("start ")).split()[1])
+    assert 10 <= resumed <= last_staged + 1 and resumed % BATCHES_PER_EPOCH != 0
+    after = resume_runs.losses(lines)
+    assert sorted(after) == list(range(resumed, 2 * BATCHES_PER_EPOCH))
+    assert after == {s: ref[s] for s in after}, "the resumed run diverged"
+    assert not [line for line in lines if "not bit-identical" in line]
+    same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
+
+
+@pytest.mark.slow
+def test_augmentation_in_workers_resumes_and_says_why_it_is_not_exact(tmp_path: Path) -> None:
+    """transformers' DataLoader cannot save its workers' RNGs: the resume works, and says in
+    one line why it is not bit-identical."""
+    pytest.importorskip("transformers")
+    from tests.support import resume_runs
+
+    def run() -> subprocess.Popen[str]:
+        return resume_runs.start("tests.support.hf_augment", str(tmp_path / "store"), KEY,
+                                 str(tmp_path / "out.pt"), "--epochs", "1", "--every", "4",
+                                 "--workers", "2")
+
+    resume_runs.kill_after(run(), "committed 3")
+    lines = resume_runs.finish(run())
+    resumed = int(next(line for line in lines if line.startswith("start ")).split()[1])
+    assert resumed >= 4
+    assert sorted(resume_runs.losses(lines)) == list(range(resumed, BATCHES_PER_EPOCH))
+    why = [line for line in lines if "not bit-identical" in line]
+    assert len(why) == 1, lines
+    assert "cannot save its 2 workers' state" in why[0]
