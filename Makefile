@@ -49,7 +49,7 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'apache-airflow==3.3.2'
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
 		'apache-airflow-providers-cncf-kubernetes==10.25.0' 'kubernetes-validate==1.37.0' \
-		'selenium==4.51.0'
+		'selenium==4.51.0' 'apache-airflow-providers-fab==3.10.2'
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
