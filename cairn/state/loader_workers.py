@@ -149,7 +149,10 @@ def diagnose(loader: Any, state: Any) -> list[str]:
 
 
 def _is_torchdata_sampler(sampler: Any) -> bool:
-    return type(sampler).__module__.startswith("torchdata.")
+    # torchdata's samplers save their position; an IterableDataset's placeholder sampler
+    # (torch's _InfiniteConstantSampler) has nothing to save.
+    return type(sampler).__module__.startswith("torchdata.") \
+        or type(sampler).__name__ == "_InfiniteConstantSampler"
 
 
 def _worker_states(state: dict[str, Any]) -> list[Any] | None:
