@@ -17,7 +17,7 @@ from cairn.version import __version__
 
 if TYPE_CHECKING:
     from cairn.exceptions import CairnError, ConfigError, Fenced, GaveUp, Preempted
-    from cairn.policy.resume import ResumeOn, ResumePolicy
+    from cairn.policy.resume import AfterTry, ResumeOn, ResumePolicy
     from cairn.state.checkpointer import Checkpointer, PersistMode, WhenBusy
     from cairn.store import Key, Store, open_store
     from cairn.tries import Try
@@ -29,6 +29,7 @@ _PUBLIC = {
     "Key": "cairn.store",
     "Store": "cairn.store",
     "open_store": "cairn.store",
+    "AfterTry": "cairn.policy.resume",
     "ResumeOn": "cairn.policy.resume",
     "ResumePolicy": "cairn.policy.resume",
     "Try": "cairn.tries",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cairn.exceptions import GaveUp, NotFound
@@ -45,6 +45,24 @@ def read_history(store: str, key: Key) -> History:
     except NotFound:
         log.info("cairn: no store at %s yet: no history", store)
         return History()
+
+
+def run_argv(executable: Sequence[str], command: Sequence[str], *, store: str, key: Key | str,
+             every: str, grace: str, exclude: Iterable[int] = (), workdir: str | None = None,
+             keep: bool = False) -> list[str]:
+    """``cairn run``'s command line: ``executable`` (how to start the CLI) ``run`` with the
+    store, the key, the interval and grace (duration texts), the snapshots never to restore,
+    the work directory and ``--keep``, then ``--`` and ``command``."""
+    argv = [*executable, "run", "--store", store, "--key", str(key), "--every", every,
+            "--grace", grace]
+    exclude = frozenset(exclude)
+    if exclude:
+        argv += ["--exclude-seqs", env.format_seqs(exclude)]
+    if workdir:
+        argv += ["--workdir", workdir]
+    if keep:
+        argv.append("--keep")
+    return [*argv, "--", *map(str, command)]
 
 
 class Try:
@@ -107,15 +125,8 @@ class Try:
     def run_argv(self, executable: Sequence[str], command: Sequence[str], *, every: str,
                  grace: str, workdir: str | None = None, keep: bool = False) -> list[str]:
         """The ``cairn run`` command line for this try (process mode)."""
-        argv = [*executable, "run", "--store", self.store, "--key", str(self.key),
-                "--every", every, "--grace", grace]
-        if self.exclude:
-            argv += ["--exclude-seqs", env.format_seqs(self.exclude)]
-        if workdir:
-            argv += ["--workdir", workdir]
-        if keep:
-            argv.append("--keep")
-        return [*argv, "--", *map(str, command)]
+        return run_argv(executable, command, store=self.store, key=self.key, every=every,
+                        grace=grace, exclude=self.exclude, workdir=workdir, keep=keep)
 
     def ended(self, *, error: BaseException | None, ckpt: Any = None,
               detail: Mapping[str, Any] | None = None) -> AfterTry:

@@ -45,15 +45,9 @@ from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
 from cairn.runtime.durations import format_duration
-from cairn.runtime.env import format_seqs
-from cairn_airflow.hooks import (
-    DEFAULT_CONN_ID,
-    StoreConfig,
-    operator_store_config,
-    scoped_environ,
-)
+from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
 from cairn_airflow.operators import XCOM_KEY, task_key
-from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_policy
+from cairn_airflow.resume import begin_try, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -141,23 +135,18 @@ class CairnRunOperator(BaseOperator):
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def cairn_argv(self, url: str, key: Any, exclude: Collection[int] = ()) -> list[str]:
-        argv = [*cairn_executable(), "run", "--store", url, "--key", str(key),
-                "--every", self.every, "--grace", self.grace]
-        if exclude:
-            argv += ["--exclude-seqs", format_seqs(exclude)]
-        if self.workdir:
-            argv += ["--workdir", self.workdir]
-        if self.keep_snapshots:
-            argv.append("--keep")
-        return [*argv, "--", *map(str, self.command)]
+        from cairn.tries import run_argv
+
+        return run_argv(cairn_executable(), self.command, store=url, key=key, every=self.every,
+                        grace=self.grace, exclude=exclude, workdir=self.workdir,
+                        keep=self.keep_snapshots)
 
     def execute(self, context: Any) -> dict[str, Any]:
         key = task_key(context)
         config = self.store_config()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        with scoped_environ(config.env):
-            plan = plan_try(read_history(config.url, key), self.resume_policy)
-        argv = self.cairn_argv(config.url, key, plan.exclude)
+        this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
+        argv = self.cairn_argv(config.url, key, this_try.exclude)
         log.info("cairn: running %s", " ".join(argv))
         env = {**os.environ, **config.env, **self.env}
         # A session of its own: Airflow's group kill must not reach the workload before the
@@ -171,11 +160,12 @@ class CairnRunOperator(BaseOperator):
         code = proc.wait()
         pump.join(timeout=10)
         self._proc = None
-        meta = self._metadata(context, config.url, key, code, plan_reason=plan.reason)
+        meta = self._metadata(context, config.url, key, code, plan_reason=this_try.reason)
         if code == 0:
             return meta
         error = exit_error(code, key)
-        raise_verdict(plan, self.resume_policy, error, delay=self.retry_delay)
+        # cairn run recorded the outcome itself: this only asks for the verdict.
+        raise_verdict(this_try, this_try.ended(error=error), error, delay=self.retry_delay)
         raise error
 
     def _pump(self, proc: subprocess.Popen[bytes]) -> None:

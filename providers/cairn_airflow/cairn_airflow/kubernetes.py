@@ -68,7 +68,7 @@ from cairn_airflow.hooks import (
     scoped_environ,
 )
 from cairn_airflow.operators import task_key
-from cairn_airflow.resume import plan_try, raise_verdict, read_history, resume_policy
+from cairn_airflow.resume import begin_try, raise_verdict, refuse_if_given_up, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class PodPlan:
     every: str
     placement: Any = None  # cairn.policy.Placement
     image: str | None = None  # the pinned image, when a previous try recorded its digest
-    resume: Any = None  # cairn.policy.ResumePlan (None on a dry run without a task instance)
+    resume: Any = None  # cairn.Try: this try's plan (None on a dry run without a task instance)
 
 
 class CairnKubernetesPodOperator(KubernetesPodOperator):
@@ -460,13 +460,15 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
     def plan(self, context: Any) -> PodPlan:
         store = self.store_config()
         key = self._key(context)
-        history = None
+        this_try = None
         if self.placement or context is not None:  # one read serves placement and resume
-            with scoped_environ(store.env):
-                history = read_history(store.url, key)
-        placement = self.decide_placement(history, key) if self.placement else None
+            this_try = begin_try(store.url, key, self.resume_policy, env=store.env, check=False)
+        placement = (self.decide_placement(this_try.history if this_try else None, key)
+                     if self.placement else None)
         every = placement.every if placement is not None else str(self.every)
-        resume = plan_try(history, self.resume_policy) if context is not None else None
+        resume = this_try if context is not None else None
+        if resume is not None:
+            refuse_if_given_up(resume)
         return PodPlan(store=store, key=key, every=every, placement=placement,
                        image=self._pinned_image(context), resume=resume)
 
@@ -588,7 +590,8 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
             mapped = pod_end_error(remote_pod, self.base_container_name)
             plan = self.cairn_plan
             if plan is not None and plan.resume is not None:
-                raise_verdict(plan.resume, self.resume_policy, mapped or e,
+                ended = mapped or e  # the pod's outcome is recorded by _record_outcome
+                raise_verdict(plan.resume, plan.resume.ended(error=ended), ended,
                               delay=self.retry_delay)
             if mapped is None:
                 raise

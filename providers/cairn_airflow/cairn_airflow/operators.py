@@ -31,8 +31,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
@@ -44,13 +43,7 @@ from cairn_airflow.hooks import (
     operator_store_config,
     scoped_environ,
 )
-from cairn_airflow.resume import (
-    is_control_flow,
-    plan_try,
-    raise_verdict,
-    read_history,
-    resume_policy,
-)
+from cairn_airflow.resume import begin_try, is_control_flow, raise_verdict, resume_policy
 
 log = logging.getLogger(__name__)
 
@@ -188,68 +181,48 @@ class CairnPythonOperator(PythonOperator):
     def store_config(self) -> StoreConfig:
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
-    def cairn_env(self, config: StoreConfig, key: Any,
-                  exclude: Collection[int] = ()) -> dict[str, str]:
-        """The variables a subprocess needs for ``Checkpointer.from_env()``."""
-        from cairn.runtime import env as contract
-
-        env = {contract.STORE.name: config.url, contract.KEY.name: str(key), **config.env,
-               contract.EXCLUDE_SEQS.name: contract.format_seqs(exclude)}
-        if self.every_steps is not None:
-            env[contract.EVERY_STEPS.name] = str(self.every_steps)
-        if self.every_seconds is not None:
-            env[contract.EVERY_SECONDS.name] = str(self.every_seconds)
-        return env
-
     def execute(self, context: Any) -> Any:
         key = task_key(context)
         config = self.store_config()
-        started_at = time.time()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        with scoped_environ(config.env):
-            plan = plan_try(read_history(config.url, key), self.resume_policy)
-        with scoped_environ(self.cairn_env(config, key, plan.exclude)):
-            ckpt = self._cairn_ckpt = self._new_checkpointer(config.url, key, plan.exclude)
+        this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
+        env = {**this_try.env(every_steps=self.every_steps, every_seconds=self.every_seconds),
+               **config.env}
+        with scoped_environ(env):
+            ckpt = self._cairn_ckpt = (this_try.checkpointer(**self._checkpointer_kwargs)
+                                       if self.ckpt_parameter is not None else None)
             try:
                 result = super().execute(context)
             except BaseException as error:
                 self._close_after(ckpt, error)
                 self._push_metadata(context, ckpt, config.url, key, done=False,
-                                    plan_reason=plan.reason)
+                                    plan_reason=this_try.reason)
                 if is_control_flow(error):
                     raise  # a skip or a deferral: not how the step ended, nor an error of it
-                record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
+                verdict = this_try.ended(error=error, ckpt=ckpt)
                 if isinstance(error, Exception):
-                    raise_verdict(plan, self.resume_policy, error, delay=self.retry_delay)
+                    raise_verdict(this_try, verdict, error, delay=self.retry_delay)
                 raise
             finally:
                 self._cairn_ckpt = None
             try:
                 if not self.keep_snapshots:
-                    self._finish(ckpt, config.url, key)
+                    this_try.finish(ckpt)
             except BaseException as error:
                 self._close_after(ckpt, error)
-                record_outcome(ckpt, config.url, key, started_at=started_at, error=error)
+                this_try.ended(error=error, ckpt=ckpt)
                 raise
             if ckpt is not None:
                 ckpt.close()  # raises if the last snapshot was not committed
             self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots,
-                                plan_reason=plan.reason)
-            record_outcome(ckpt, config.url, key, started_at=started_at, error=None)
+                                plan_reason=this_try.reason)
+            this_try.ended(error=None, ckpt=ckpt)
         return result
 
     def execute_callable(self) -> Any:
         if self.ckpt_parameter is not None:
             self.op_kwargs = {**self.op_kwargs, self.ckpt_parameter: self._cairn_ckpt}
         return super().execute_callable()
-
-    def _new_checkpointer(self, url: str, key: Any, exclude: Collection[int]) -> Any:
-        """A Checkpointer when the callable asks for one (this imports torch), else None."""
-        if self.ckpt_parameter is None:
-            return None
-        from cairn.state.checkpointer import Checkpointer
-
-        return Checkpointer(store=url, key=key, exclude_seqs=exclude, **self._checkpointer_kwargs)
 
     @staticmethod
     def _close_after(ckpt: Any, error: BaseException) -> None:
@@ -266,12 +239,6 @@ class CairnPythonOperator(PythonOperator):
             log.error("cairn: closing the Checkpointer after %s failed: %s",
                       type(error).__name__, e)
 
-    @staticmethod
-    def _finish(ckpt: Any, url: str, key: Any) -> None:
-        from cairn.runtime.endings import mark_done
-
-        mark_done(ckpt, url, key)
-
     def _push_metadata(self, context: Any, ckpt: Any, url: str, key: Any, *, done: bool,
                        plan_reason: str) -> None:
         meta = snapshot_metadata(ckpt, url, key, done=done)
@@ -282,14 +249,6 @@ class CairnPythonOperator(PythonOperator):
             ti.xcom_push(key=XCOM_KEY, value=meta)
         except Exception as e:  # noqa: BLE001 - metadata must never fail the task
             log.warning("cairn: could not push the %r XCom: %s", XCOM_KEY, e)
-
-
-def record_outcome(ckpt: Any, url: str, key: Any, *, started_at: float,
-                   error: BaseException | None) -> None:
-    """Leave this try's outcome record in the store (see :func:`cairn.runtime.endings.record_try`)."""
-    from cairn.runtime.endings import record_try
-
-    record_try(ckpt, url, key, started_at=started_at, error=error)
 
 
 def snapshot_metadata(ckpt: Any, url: str, key: Any, *, done: bool) -> dict[str, Any]:

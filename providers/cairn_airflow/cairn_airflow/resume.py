@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairn.exceptions import ConfigError
 
 if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this module everywhere
-    from cairn.policy import History
-    from cairn.policy.resume import ResumeOn, ResumePlan, ResumePolicy
+    from cairn import AfterTry, ResumeOn, ResumePolicy, Try
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
                   max_error_retries: int | None = None, loop_guard: bool = True,
                   max_preemptions: int = 0) -> ResumePolicy:
     """An operator's options as a :class:`ResumePolicy` (a ConfigError names a bad one)."""
-    from cairn.policy.resume import ResumePolicy
+    from cairn import ResumePolicy
 
     if not isinstance(loop_guard, bool):
         raise ConfigError(f"loop_guard must be True or False, got {loop_guard!r}")
@@ -55,35 +55,32 @@ def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
                         loop_guard=loop_guard, max_preemptions=max_preemptions)
 
 
-def read_history(url: str, key: Any) -> History:
-    """``key``'s tries and outcome records in the store at ``url``; empty when the store does
-    not exist yet (the first try creates it). The store's credentials must be in the
-    environment."""
-    from cairn.exceptions import NotFound
-    from cairn.policy import History
-    from cairn.store import open_store
+def begin_try(url: str, key: Any, policy: ResumePolicy, *, env: Mapping[str, str],
+              check: bool = True) -> Try:
+    """Read ``key``'s history in the store at ``url`` (with the store's credentials ``env``)
+    and plan this try (:class:`cairn.Try`); with ``check``, raise ``AirflowFailException``
+    (no retry) when the policy says the step must not run again."""
+    from cairn import Try
+    from cairn_airflow.hooks import scoped_environ
 
-    try:
-        with open_store(url, create=False) as store:
-            return History.from_store(store, key)
-    except NotFound:
-        log.info("cairn: no store at %s yet: no history", url)
-        return History()
+    with scoped_environ(env):
+        this_try = Try.begin(store=url, key=key, policy=policy)
+    if check:
+        refuse_if_given_up(this_try)
+    return this_try
 
 
-def plan_try(history: History, policy: ResumePolicy) -> ResumePlan:
-    """Plan this try from the step's ``history``; raises ``AirflowFailException`` (no retry)
-    when the policy says the step must not run again."""
+def refuse_if_given_up(this_try: Try) -> None:
+    """``AirflowFailException`` when the resume policy gave up on the step."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cairn.policy.resume import plan_resume
+    from cairn import GaveUp
 
-    plan = plan_resume(history, policy)
-    log.info("cairn: resume plan: %s", plan.reason)
-    if plan.give_up:
-        raise AirflowFailException(f"cairn: {plan.reason}. Fix the step, then clear the task "
-                                   "(or raise max_error_retries)")
-    return plan
+    try:
+        this_try.check()
+    except GaveUp:
+        raise AirflowFailException(f"cairn: {this_try.reason}. Fix the step, then clear the "
+                                   "task (or raise max_error_retries)") from None
 
 
 def is_control_flow(error: BaseException) -> bool:
@@ -98,17 +95,17 @@ def is_control_flow(error: BaseException) -> bool:
     return isinstance(error, (AirflowSkipException, AirflowRescheduleException, TaskDeferred))
 
 
-def raise_verdict(plan: ResumePlan, policy: ResumePolicy, error: Exception, *,
+def raise_verdict(this_try: Try, verdict: AfterTry, error: Exception, *,
                   delay: timedelta | None) -> None:
-    """Called with the error a try ended with, before it is re-raised: raise what Airflow must
-    see instead when the policy says stop (``AirflowFailException``) or reschedule
+    """Called with the error a try ended with and the try's verdict
+    (:meth:`cairn.Try.ended`), before the error is re-raised: raise what Airflow must see
+    instead when the policy says stop (``AirflowFailException``) or reschedule
     (``AirflowRescheduleException``); return when the error should simply fail the try."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
-    from cairn.policy.resume import AfterTry, after_try
-    from cairn.runtime.endings import outcome_kind
+    from cairn import AfterTry
 
-    verdict = after_try(plan, policy, outcome_kind(error))
+    plan, policy = this_try.plan, this_try.policy
     if verdict is AfterTry.STOP:
         raise AirflowFailException(
             f"cairn: the step failed with its own error {plan.errors + 1} times, more than "
