@@ -9,7 +9,9 @@ label :data:`cairn_kfp.kubernetes.PROCESS_MODE_LABEL` (set it with
 ``cairn run`` takes the key as one ``--key`` value, while KFP substitutes its placeholders
 reliably only as whole arguments; so the container's command is a short Python launcher
 (:data:`LAUNCHER`) that receives each part as its own argument, checks that none is still a
-placeholder, builds the key (percent-encoding each component) and ``exec``s
+placeholder, builds the key (percent-encoding each component), plans the try with the resume
+policy (:class:`cairn.Try`: a crash loop past ``max_error_retries`` exits before the command
+starts; excluded snapshots become ``--exclude-seqs``) and ``exec``s
 ``cairn run --store S --key K --every E --grace G -- CMD...``. With ``CAIRN_KFP_DRY_RUN=1`` it
 prints that command line as JSON instead.
 """
@@ -30,16 +32,19 @@ from cairn_kfp.images import DEFAULT_IMAGE
 
 def _launch(argv: list[str]) -> None:
     """The launcher's main: ``argv`` = store, run id, task name, loop item, key, prefix,
-    every, grace, ``--``, command... (see the module docstring)."""
+    every, grace, [resume policy as JSON,] ``--``, command... (see the module docstring)."""
     import json
     import os
     import sys
 
     from cairn.runtime import env as contract
 
+    policy_json = "{}"
+    if len(argv) >= 11 and argv[8] != "--" and argv[9] == "--":
+        policy_json, argv = argv[8], argv[:8] + argv[9:]
     if len(argv) < 10 or argv[8] != "--":
         raise SystemExit("cairn_kfp launcher: expected STORE RUN_ID TASK_NAME LOOP_ITEM KEY "
-                         "PREFIX EVERY GRACE -- COMMAND...; got " + json.dumps(argv))
+                         "PREFIX EVERY GRACE [POLICY] -- COMMAND...; got " + json.dumps(argv))
     store, run_id, task_name, loop_item, key, prefix, every, grace = argv[:8]
     command = argv[9:]
     store = store or contract.STORE.get() or ""
@@ -52,8 +57,18 @@ def _launch(argv: list[str]) -> None:
                               loop_item=loop_item, key=key, checkpoint_prefix=prefix)
     except ValueError as e:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
-    full = ["cairn", "run", "--store", store, "--key", key_text, "--every", every,
-            "--grace", grace, "--", *command]
+    from cairn import CairnError, ResumePolicy, Try
+    from cairn.tries import run_argv
+
+    try:
+        this_try = Try.begin(store=store, key=key_text,
+                             policy=ResumePolicy(**json.loads(policy_json)))
+        this_try.check()
+    except (CairnError, TypeError, ValueError) as e:
+        raise SystemExit(f"cairn_kfp launcher: {e}") from None
+    print("cairn: resume plan: " + this_try.reason, file=sys.stderr, flush=True)
+    full = run_argv(["cairn"], command, store=store, key=key_text, every=every, grace=grace,
+                    exclude=this_try.exclude)
     if contract.KFP_DRY_RUN.get() == "1":
         print(json.dumps(full))
         return
@@ -73,10 +88,12 @@ LAUNCHER = launcher_source()
 
 def run_command(command: Sequence[str], *, name: str = "run-command",
                 image: str = DEFAULT_IMAGE, store: str = "", every: str = "10m",
-                grace: str = "30s") -> Any:
+                grace: str = "30s", resume_on: str = "any_failure",
+                max_error_retries: int | None = None, loop_guard: bool = True) -> Any:
     """A container component (for one fixed ``command``) that runs it under ``cairn run``.
 
-    Its inputs are ``cairn_store`` (default ``store``), ``cairn_run_id``, ``cairn_task_name``,
+    ``resume_on``, ``max_error_retries`` and ``loop_guard`` are the resume policy
+    (:mod:`cairn.policy.resume`), applied by the launcher before each try. Its inputs are ``cairn_store`` (default ``store``), ``cairn_run_id``, ``cairn_task_name``,
     ``cairn_loop_item``, ``cairn_key`` and ``cairn_checkpoint_prefix``, with the meanings of
     :mod:`cairn_kfp.component`; call it through :func:`call` (or pass the two placeholders
     yourself), which fills the job-id and task-name placeholders as whole values.
@@ -87,6 +104,16 @@ def run_command(command: Sequence[str], *, name: str = "run-command",
                           "['python', 'train.py', '--epochs', '3']")
     if "{{$." in store:
         raise ConfigError("store= holds a KFP placeholder; pass it at call time as cairn_store=")
+    import json
+
+    from cairn import ResumePolicy
+
+    policy = ResumePolicy(resume_on=resume_on, max_error_retries=max_error_retries,
+                          loop_guard=loop_guard)  # checked now: a ConfigError names the fix
+    default = policy == ResumePolicy()
+    policy_args = [] if default else [json.dumps(
+        {"resume_on": policy.resume_on.value, "max_error_retries": max_error_retries,
+         "loop_guard": loop_guard}, sort_keys=True)]
 
     def spec(cairn_store: str = store, cairn_run_id: str = "", cairn_task_name: str = "",
              cairn_loop_item: str = "", cairn_key: str = "",
@@ -95,7 +122,7 @@ def run_command(command: Sequence[str], *, name: str = "run-command",
             image=image,
             command=["python3", "-c", LAUNCHER],
             args=[cairn_store, cairn_run_id, cairn_task_name, cairn_loop_item, cairn_key,
-                  cairn_checkpoint_prefix, every, grace, "--", *command],
+                  cairn_checkpoint_prefix, every, grace, *policy_args, "--", *command],
         )
 
     spec.__name__ = name.replace("-", "_")

@@ -16,6 +16,8 @@ from kfp import compiler, dsl
 import cairn_kfp
 from cairn.cli.main import build_parser
 from cairn.exceptions import ConfigError
+from cairn.store import Key, Store, open_store
+from cairn.store.outcomes import Outcome, OutcomeKind
 from cairn_kfp.container import LAUNCHER
 
 
@@ -26,26 +28,79 @@ def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           text=True, env=environ, timeout=60)
 
 
-def test_launcher_builds_the_cairn_run_command_line() -> None:
-    done = launch("gs://b/cairn", "job-1", "finetune", "a/b", "", "", "10m", "30s",
+def test_launcher_builds_the_cairn_run_command_line(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")  # none yet: the first try has no history
+    done = launch(store, "job-1", "finetune", "a/b", "", "", "10m", "30s",
                   "--", "python", "train.py", "--epochs", "3")
     assert done.returncode == 0, done.stderr
     argv = json.loads(done.stdout)
-    assert argv == ["cairn", "run", "--store", "gs://b/cairn", "--key", "job-1/finetune/a%2Fb",
+    assert argv == ["cairn", "run", "--store", store, "--key", "job-1/finetune/a%2Fb",
                     "--every", "10m", "--grace", "30s", "--",
                     "python", "train.py", "--epochs", "3"]
+    assert "resume plan: starting fresh" in done.stderr
     args = build_parser().parse_args(argv[1:])  # what cairn's own CLI makes of it
-    assert args.run_store == "gs://b/cairn" and args.key == "job-1/finetune/a%2Fb"
+    assert args.run_store == store and args.key == "job-1/finetune/a%2Fb"
     assert args.cmd[-4:] == ["python", "train.py", "--epochs", "3"]
 
 
-def test_launcher_takes_the_store_from_the_environment_and_honours_key_and_prefix() -> None:
+def test_launcher_takes_the_store_from_the_environment_and_honours_key_and_prefix(
+        tmp_path: Path) -> None:
+    store = str(tmp_path / "cairn-store")
     done = launch("", "job-1", "finetune", "", "", "exp-7", "5m", "10s", "--", "true",
-                  env={"CAIRN_STORE": "/mnt/cairn-store"})
+                  env={"CAIRN_STORE": store})
     argv = json.loads(done.stdout)
-    assert argv[2:6] == ["--store", "/mnt/cairn-store", "--key", "exp-7/finetune"]
-    done = launch("/s", "job-1", "finetune", "", "shared/key", "", "5m", "10s", "--", "true")
+    assert argv[2:6] == ["--store", store, "--key", "exp-7/finetune"]
+    done = launch(store, "job-1", "finetune", "", "shared/key", "", "5m", "10s", "--", "true")
     assert json.loads(done.stdout)[5] == "shared/key"
+
+
+def _failed_try(store: Store, key: Key, *, snapshot: bool) -> int | None:
+    """A real try of ``key`` that committed a snapshot (or not) and failed on its own."""
+    attempt = store.open_attempt(key)
+    seq = None
+    if snapshot:
+        with attempt.snapshot() as snap:
+            snap.add_bytes("state.bin", b"x" * 4096)
+            seq = snap.commit(step=9).seq
+    store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.FAILED,
+                                      started_at=1.0, ended_at=2.0))
+    return seq
+
+
+def test_launcher_plans_each_try_with_the_resume_policy(tmp_path: Path) -> None:
+    """resume_on=preemption: after the step's own error the next try must not restore that
+    try's snapshot (--exclude-seqs); past max_error_retries no try starts at all."""
+    url, key = str(tmp_path / "store"), Key(("job-1", "finetune"))
+    with open_store(url) as store:
+        seq = _failed_try(store, key, snapshot=True)
+    policy = json.dumps({"resume_on": "preemption", "max_error_retries": 1, "loop_guard": True})
+    done = launch(url, "job-1", "finetune", "", "", "", "5m", "10s", policy, "--", "true")
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(done.stdout)
+    assert argv[argv.index("--exclude-seqs") + 1] == str(seq)
+    assert build_parser().parse_args(argv[1:]).exclude_seqs == str(seq)
+
+    with open_store(url) as store:
+        _failed_try(store, key, snapshot=False)
+    done = launch(url, "job-1", "finetune", "", "", "", "5m", "10s", policy, "--", "true")
+    assert done.returncode != 0 and "max_error_retries=1" in done.stderr
+    assert done.stdout == ""  # no cairn run command line: the command never starts
+
+
+def test_run_command_passes_a_non_default_policy_and_checks_it(tmp_path: Path) -> None:
+    step = cairn_kfp.run_command(["true"], name="job", max_error_retries=2)
+
+    @dsl.pipeline
+    def p(store: str = "/s") -> None:
+        cairn_kfp.call(step, cairn_store=store)
+
+    path = tmp_path / "p.yaml"
+    compiler.Compiler().compile(p, str(path))
+    [executor] = yaml.safe_load(path.read_text())["deploymentSpec"]["executors"].values()
+    assert json.loads(executor["container"]["args"][8]) == {
+        "loop_guard": True, "max_error_retries": 2, "resume_on": "any_failure"}
+    with pytest.raises(ConfigError, match="resume_on must be one of"):
+        cairn_kfp.run_command(["true"], resume_on="always")
 
 
 def test_launcher_refuses_unresolved_placeholders_and_a_missing_store() -> None:
