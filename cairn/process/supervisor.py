@@ -66,6 +66,8 @@ from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
 from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
+from cairn.process.log_echo import LogEcho
+from cairn.process.spool_client import SpoolClient
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
 from cairn.runtime import channel, env
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
@@ -82,7 +84,6 @@ DEFAULT_WORKDIR: str = env.WORKDIR.default  # type: ignore[assignment]
 DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
 FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but at least this
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
-UPLOADER_MAX_AGE_S = 10.0  # an uploader heartbeat older than this: no uploader is running
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
 
 
@@ -157,44 +158,6 @@ def _describe_pid(pid: int) -> str:
     return "a zombie not yet reaped" if state == "Z" else (cmd[:80] or "?")
 
 
-class _LogEcho(threading.Thread):
-    """Copies what the workload appends to its log files to the supervisor's stdout/stderr.
-    Touches only the two files it reads and the two streams it writes."""
-
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
-        super().__init__(name="cairn-log-echo", daemon=True)
-        self._pairs = pairs
-        self._offsets = {path: 0 for path, _ in pairs}
-        self._halt = threading.Event()
-
-    def start_at(self, offsets: dict[str, int]) -> None:
-        self._offsets.update(offsets)
-        self.start()
-
-    def _pump(self) -> None:
-        for path, stream in self._pairs:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets[path])
-                    data = f.read()
-            except OSError:
-                continue
-            if data:
-                self._offsets[path] += len(data)
-                stream.write(data)
-                stream.flush()
-
-    def run(self) -> None:
-        while not self._halt.wait(0.2):
-            self._pump()
-        self._pump()
-
-    def stop(self) -> None:
-        self._halt.set()
-        if self.is_alive():
-            self.join(timeout=5)
-
-
 class Supervisor:
     """One ``cairn run``. Construct, then :meth:`run` (main thread only) for the exit code."""
 
@@ -218,16 +181,13 @@ class Supervisor:
         self._store: Store | None = None
         self._attempt: Any = None
         self._compat: dict[str, Any] = {}
-        self._echo: _LogEcho | None = None
+        self._echo: LogEcho | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here
         self._notice: channel.Notice | None = None
         self._status = channel.Status(pid=os.getpid(), started_at=time.time())
         self._status_failed = False
-        self._spool: spool_mod.Spool | None = None
-        self._spool_results: dict[str, spool_mod.Result] = {}
-        self._spool_fenced: spool_mod.Result | None = None
-        self._spool_waiting = False  # logged that a periodic dump waits for the uploader
+        self._spool: SpoolClient | None = None
         # Workload run time carried by the snapshots, so a resume can say how much it saved.
         self._runtime_base = 0.0
         self._runtime_since = time.monotonic()
@@ -274,7 +234,8 @@ class Supervisor:
         os.makedirs(self.run_dir, exist_ok=True)
         if s.spool_dir:
             try:
-                self._prepare_spool(s.spool_dir)
+                self._spool = SpoolClient.prepare(s.spool_dir, wait_s=s.spool_wait_s,
+                                                  account=self._account_upload)
             except (CairnError, OSError) as e:
                 log.error("cannot use the spool %s: %s", s.spool_dir, e)
                 return ExitCode.USAGE
@@ -283,6 +244,8 @@ class Supervisor:
             self._attempt = self._store.open_attempt(
                 self.key, note={"mode": "process", "host": os.uname().nodename,
                                 "argv": list(s.argv)}, exclude=s.exclude_seqs)
+            if self._spool is not None:
+                self._spool.epoch = self._attempt.epoch
         except StoreError as e:
             log.error("cannot open the store: %s", e)
             return ExitCode.STORAGE
@@ -312,7 +275,7 @@ class Supervisor:
         else:
             self._report()
         if s.echo:
-            self._echo = _LogEcho([(self.stdout_path, sys.stdout.buffer),
+            self._echo = LogEcho([(self.stdout_path, sys.stdout.buffer),
                                    (self.stderr_path, sys.stderr.buffer)])
             self._echo.start_at(offsets)
         next_dump = time.monotonic() + s.every_s if s.every_s else None
@@ -323,9 +286,9 @@ class Supervisor:
             if self._signal is not None or self._take_notice():
                 return self._preempted()
             self._poll_spool()
-            if self._spool_fenced is not None:
+            if self._spool is not None and self._spool.fenced is not None:
                 log.error("the uploader could not commit entry %s: %s; stopping the workload",
-                          self._spool_fenced.entry, self._spool_fenced.detail)
+                          self._spool.fenced.entry, self._spool.fenced.detail)
                 return ExitCode.FENCED
             now = time.monotonic()
             if next_dump is not None and now >= next_dump and self._spool_busy():
@@ -512,8 +475,8 @@ class Supervisor:
             tracked, gpu = self._check_dumpable(tree)
             runtime = self._runtime_base + (time.monotonic() - self._runtime_since)
             if self._spool is not None:
-                entry = self._spool.new_entry(self._attempt.epoch)
-                image_dir = self._spool.images_dir(entry)
+                entry = self._spool.spool.new_entry(self._attempt.epoch)
+                image_dir = self._spool.spool.images_dir(entry)
             else:
                 os.makedirs(image_dir)
             if gpu:
@@ -533,7 +496,7 @@ class Supervisor:
                     "leave_running": leave_running, "runtime_s": round(runtime, 3)}
             if self._spool is not None and entry is not None:
                 frozen_us = read_dump_stats(image_dir).frozen_us
-                self._spool.hand_off(
+                self._spool.spool.hand_off(
                     entry, key=self.key, store=self._store.url, epoch=self._attempt.epoch,
                     last_seq=self._attempt.log.last_seq, parent_seq=self._last_committed_seq(),
                     compat=self._compat, info=info, tracked_paths=tracked)
@@ -554,7 +517,7 @@ class Supervisor:
             if entry is None:
                 shutil.rmtree(image_dir, ignore_errors=True)
             elif not handed and self._spool is not None:
-                self._spool.remove(entry)
+                self._spool.spool.remove(entry)
         done = time.monotonic()
         self.cost.seconds = done - started
         figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
@@ -595,139 +558,41 @@ class Supervisor:
 
     # -- the spool (cairn run --spool): the sidecar uploads --------------------------------
 
-    def _prepare_spool(self, path: str) -> None:
-        """Before opening the attempt (which fences every older one): report what an earlier
-        run in this pod left, and give the uploader a while to commit its dumps — once this
-        run opens, they could never be committed."""
-        spool = spool_mod.Spool(path)
-        spool.ensure()
-        spool.sweep_trash()
-        for entry in spool.entries():
-            if not spool.is_complete(entry):  # an earlier run's dump that never completed
-                spool.remove(entry)
-        pending = spool.pending()
-        if pending and spool.uploader_alive(UPLOADER_MAX_AGE_S):
-            log.warning("waiting up to %.0fs for the sidecar to upload %d snapshot(s) an "
-                        "earlier run spooled", self.settings.spool_wait_s, len(pending))
-            deadline = time.monotonic() + self.settings.spool_wait_s
-            while pending and time.monotonic() < deadline:
-                time.sleep(0.2)
-                pending = spool.pending()
-        if pending:
-            log.warning("%d snapshot(s) an earlier run spooled are not uploaded; this run "
-                        "fences them (it resumes from the last committed one)", len(pending))
-        for result in spool.results():
-            spool.discard_result(result.entry)
-            log.warning("an earlier run's spooled entry %s: %s%s", result.entry,
-                        result.outcome.value,
-                        f" as seq {result.seq}" if result.seq is not None else "")
-        if not spool.uploader_alive(UPLOADER_MAX_AGE_S):
-            log.warning("no uploader is running on the spool %s yet (`cairn sidecar --upload`): "
-                        "snapshots reach the store only through it", spool.path)
-        self._spool = spool
-
     def _poll_spool(self) -> None:
-        """Take the uploader's verdicts on this run's entries (the newest committed seq, and
-        whether this attempt is fenced)."""
-        if self._spool is None or self._attempt is None:
-            return
-        try:
-            results = self._spool.results()
-        except OSError as e:
-            log.warning("cannot read the spool: %s", e)
-            return
-        for result in results:
-            self._spool.discard_result(result.entry)
-            if result.epoch != self._attempt.epoch:
-                log.warning("an earlier run's spooled entry %s: %s", result.entry,
-                            result.outcome.value)
-                continue
-            self._spool_results[result.entry] = result
-            outcome = result.outcome
-            if outcome is spool_mod.UploadOutcome.COMMITTED and result.seq is not None:
-                for figures in self.cost.history:
-                    if figures.get("entry") == result.entry:
-                        figures.update(seq=result.seq, bytes_written=result.bytes_written,
-                                       upload_s=result.upload_s)
-                st = self._status
-                self._report(snapshots=st.snapshots + 1,
-                             bytes_written=st.bytes_written + result.bytes_written,
-                             last_seq=max(result.seq, st.last_seq or 0),
-                             last_success_at=time.time())
-                log.warning("snapshot seq %d committed by the sidecar (entry %s): wrote %.1f MB "
-                            "of %.1f MB in %.2fs", result.seq, result.entry,
-                            result.bytes_written / 1e6, result.image_bytes / 1e6,
-                            result.upload_s)
-            elif outcome is spool_mod.UploadOutcome.FENCED:
-                self._spool_fenced = result
-            elif outcome is spool_mod.UploadOutcome.INVALID:
-                self.cost.failures += 1
-                self._report(failures=self._status.failures + 1,
-                             last_error=f"entry {result.entry}: {result.detail}"[:500],
-                             last_error_at=time.time())
-                log.error("the sidecar dropped entry %s: %s", result.entry, result.detail)
-            else:
-                log.info("entry %s: %s (%s)", result.entry, outcome.value, result.detail)
+        if self._spool is not None:
+            self._spool.poll()
+
+    def _account_upload(self, result: spool_mod.Result) -> None:
+        """Count the uploader's verdict on one of this run's entries (a fence is acted on in
+        the loop)."""
+        outcome = result.outcome
+        if outcome is spool_mod.UploadOutcome.COMMITTED and result.seq is not None:
+            for figures in self.cost.history:
+                if figures.get("entry") == result.entry:
+                    figures.update(seq=result.seq, bytes_written=result.bytes_written,
+                                   upload_s=result.upload_s)
+            st = self._status
+            self._report(snapshots=st.snapshots + 1,
+                         bytes_written=st.bytes_written + result.bytes_written,
+                         last_seq=max(result.seq, st.last_seq or 0),
+                         last_success_at=time.time())
+            log.warning("snapshot seq %d committed by the sidecar (entry %s): wrote %.1f MB "
+                        "of %.1f MB in %.2fs", result.seq, result.entry,
+                        result.bytes_written / 1e6, result.image_bytes / 1e6, result.upload_s)
+        elif outcome is spool_mod.UploadOutcome.INVALID:
+            self.cost.failures += 1
+            self._report(failures=self._status.failures + 1,
+                         last_error=f"entry {result.entry}: {result.detail}"[:500],
+                         last_error_at=time.time())
+            log.error("the sidecar dropped entry %s: %s", result.entry, result.detail)
+        elif outcome is not spool_mod.UploadOutcome.FENCED:
+            log.info("entry %s: %s (%s)", result.entry, outcome.value, result.detail)
 
     def _spool_busy(self) -> bool:
-        """Whether a dump of this run still waits for the uploader (then the next periodic
-        dump waits too: the shared volume holds one dump, and order matters)."""
         if self._spool is None:
             return False
-        pending = self._spool.pending(self._attempt.epoch)
-        if not pending:
-            self._spool_waiting = False
-            return False
-        if not self._spool_waiting:
-            self._spool_waiting = True
-            alive = self._spool.uploader_alive(UPLOADER_MAX_AGE_S)
-            log.warning("the next snapshot waits: entry %s is not uploaded yet%s", pending[-1],
-                        "" if alive else " and no uploader is running (cairn sidecar --upload)")
-            if not alive:
-                self._report(last_error="no uploader is running on the spool; spooled "
-                                        "snapshots are not reaching the store",
-                             last_error_at=time.time())
-        return True
-
-    def _make_room(self) -> None:
-        """Before a final dump: withdraw this run's entries not yet uploaded when the volume
-        cannot hold another dump next to them (the final one supersedes them)."""
-        assert self._spool is not None
-        pending = self._spool.pending(self._attempt.epoch)
-        if not pending or not self.cost.peak_staging_bytes:
-            return
-        try:
-            st = os.statvfs(self._spool.path)
-        except OSError:
-            return
-        if st.f_bavail * st.f_frsize >= self.cost.peak_staging_bytes * 1.1:
-            return
-        for entry in pending:
-            if self._spool.cancel(entry):
-                self._spool.remove(entry)
-                log.warning("withdrew spooled entry %s (not uploaded yet) to make room for the "
-                            "final dump", entry)
-
-    def _withdraw_pending(self) -> None:
-        """The step succeeded: its snapshots are about to be dropped, so entries not yet
-        uploaded are cancelled instead of uploaded (see :meth:`_finish_attempt` for one the
-        uploader has already started)."""
-        assert self._spool is not None
-        withdrawn = [e for e in self._spool.pending(self._attempt.epoch) if self._spool.cancel(e)]
-        for entry in withdrawn:
-            self._spool.remove(entry)
-        if withdrawn:
-            log.warning("cancelled %d spooled snapshot(s) not uploaded yet: the step is done",
-                        len(withdrawn))
-
-    def _await_upload(self, entry: str, until: float) -> spool_mod.Result | None:
-        """The uploader's verdict on ``entry``, waiting until ``until`` (monotonic)."""
-        while True:
-            self._poll_spool()
-            result = self._spool_results.get(entry)
-            if result is not None or time.monotonic() >= until:
-                return result
-            time.sleep(0.1)
+        return self._spool.busy(on_stalled=lambda why: self._report(
+            last_error=why, last_error_at=time.time()))
 
     def _last_committed_seq(self) -> int | None:
         """The newest snapshot this attempt restored or knows committed."""
@@ -807,7 +672,7 @@ class Supervisor:
         if self.settings.on_success is OnSuccess.DROP:
             try:
                 if self._spool is not None:
-                    self._withdraw_pending()
+                    self._spool.withdraw_pending()
                 self._finish_attempt()
                 log.warning("the workload succeeded; key %s marked done, snapshots dropped",
                             self.key)
@@ -879,7 +744,7 @@ class Supervisor:
                       kept_text)
             return ExitCode.PREEMPTED_KEPT
         if self._spool is not None:
-            self._make_room()
+            self._spool.make_room(self.cost.peak_staging_bytes)
         try:
             # A dump still running when the budget ends is killed: the platform's SIGKILL is
             # due then anyway, and this way the exit says that the previous snapshot is kept.
@@ -894,7 +759,8 @@ class Supervisor:
         if saved.entry is not None:
             # The budget covered the dump; the upload goes on in the sidecar, which outlives
             # this container. Wait for it while the budget lasts, to report how it ended.
-            result = self._await_upload(saved.entry, budget_end - SPOOL_EXIT_MARGIN_S)
+            assert self._spool is not None
+            result = self._spool.await_upload(saved.entry, budget_end - SPOOL_EXIT_MARGIN_S)
             if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
                 log.error("%s: the final snapshot cannot be committed: %s", name, result.detail)
                 return ExitCode.FENCED

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cairn.k8s import metrics
 from cairn.k8s.uploader import MAX_BACKOFF_S, Uploader, UploadSettings
 from cairn.process import spool as spool_mod
-from cairn.process.spool import UploadOutcome, Spool
+from cairn.process.spool import Spool, UploadOutcome
 from cairn.store import Key, open_store
 from tests.support.fake_dump import fake_dump
 

@@ -17,7 +17,8 @@ from cairn.exceptions import ConfigError, Fenced
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
 from cairn.process.snapshot import TrackedFile
-from cairn.process.spool import UploadOutcome, Result, Spool, Ticket
+from cairn.process.spool import Result, Spool, Ticket, UploadOutcome
+from cairn.process.spool_client import SpoolClient
 from cairn.process.supervisor import RunSettings, Supervisor
 from cairn.store import Key, open_store
 from cairn.store.slotlog import RecordKind
@@ -325,15 +326,17 @@ def test_fenced_means_the_supervisor_stops(tmp_path: Path) -> None:
         supervisor = Supervisor(settings)
         supervisor._store = store
         supervisor._attempt = store.open_attempt(KEY)
-        supervisor._spool = spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
+        spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
+        client = supervisor._spool = SpoolClient(spool, account=supervisor._account_upload)
+        client.epoch = supervisor._attempt.epoch
         store.open_attempt(KEY)
         with pytest.raises(Fenced):
             supervisor._finish_attempt()
         ticket = _spooled(spool, store.url, supervisor._attempt, tmp_path / "out.log")
         spool.write_result(spool_mod.upload(store, spool, ticket))
         supervisor._poll_spool()
-        assert supervisor._spool_fenced is not None
-        assert supervisor._spool_fenced.entry == ticket.entry
+        assert client.fenced is not None
+        assert client.fenced.entry == ticket.entry
         shutil.rmtree(spool.path)
 
 
@@ -357,7 +360,8 @@ def test_a_starting_run_lets_the_uploader_finish_an_earlier_runs_entries(
         uploader.start()
         try:
             with caplog.at_level("WARNING", logger="cairn.run"):
-                supervisor._prepare_spool(spool_dir)
+                supervisor._spool = SpoolClient.prepare(spool_dir, wait_s=30,
+                                                        account=supervisor._account_upload)
         finally:
             uploader.stop()
         assert "waiting up to 30s for the sidecar to upload 1 snapshot(s)" in caplog.text
@@ -373,12 +377,12 @@ def test_a_final_dump_that_would_not_fit_withdraws_pending_entries(tmp_path: Pat
                                spool_dir=str(tmp_path / "spool"))
         supervisor = Supervisor(settings)
         supervisor._store = store
-        supervisor._attempt = attempt = store.open_attempt(KEY)
-        supervisor._spool = spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
+        attempt = store.open_attempt(KEY)
+        spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
+        client = SpoolClient(spool, account=supervisor._account_upload)
+        client.epoch = attempt.epoch
         pending = _spooled(spool, store.url, attempt, tmp_path / "out.log").entry
-        supervisor.cost.peak_staging_bytes = 1 << 20
-        supervisor._make_room()  # this disk has room for another MiB: kept
+        client.make_room(1 << 20)  # this disk has room for another MiB: kept
         assert spool.pending() == [pending]
-        supervisor.cost.peak_staging_bytes = 1 << 62  # no volume holds this next to it
-        supervisor._make_room()
+        client.make_room(1 << 62)  # no volume holds this next to it
         assert spool.pending() == [] and spool.entries() == []
