@@ -11,8 +11,10 @@ all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of torch, pinned for development and tests (the runtime range is torch>=2.4);
-	# installed first so that nothing below pulls a multi-GB CUDA build.
+	# torch 2.13.0, pinned for development and tests (the runtime range is torch>=2.4) and
+	# installed first so that nothing below resolves another. Which build that is depends on
+	# the index pip is configured with: here a CPU wheel from the local cache; from PyPI on
+	# Linux x86_64, a CUDA build of several GB.
 	$(PY) -m pip install --quiet 'torch==2.13.0'
 	$(PY) -m pip install --quiet -e '.[dev,gcs]'
 	touch $(STAMP)
@@ -37,8 +39,9 @@ $(TOOLS_STAMP): scripts/install_test_tools.sh
 
 ## The Airflow provider (providers/cairn_airflow) is tested in its own environment, so that an
 ## Airflow pin never moves a package under the main suite. constraints.txt pins what resolved
-## (Airflow's own constraints file lives on GitHub, out of reach here). --no-deps on the
-## provider: PyPI has an unrelated package named "cairn".
+## (Airflow's own constraints file lives on GitHub, out of reach here). Three distributions:
+## cairn-resume (this folder), airflow-provider-cairn and cairn-kfp; --no-deps on the last two,
+## whose dependency cairn-resume is this checkout, installed just before (not from PyPI).
 AF_VENV  := .venv-airflow
 AF_PY    := $(AF_VENV)/bin/python
 AF_STAMP := $(AF_VENV)/.installed

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 def missing(library: str, extra: str, error: ImportError) -> ImportError:
     """The ImportError an integration raises when its framework is not installed."""
     return ImportError(f"{library} is not installed (import failed: {error}); "
-                       f"install it with: pip install 'cairn[{extra}]'")
+                       f"install it with: pip install 'cairn-resume[{extra}]'")
 
 
 def make_checkpointer(*, checkpointer: Any, store: Any, key: Any, options: dict[str, Any]) -> Any:

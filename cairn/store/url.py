@@ -40,7 +40,7 @@ def open_backend(url: str, *, create: bool = True) -> Backend:
             from cairn.store.gcs import GCSBackend
         except ImportError as e:  # pragma: no cover - depends on the installed extras
             raise ConfigError(
-                f"{url!r} needs the GCS client: pip install 'cairn[gcs]' ({e})"
+                f"{url!r} needs the GCS client: pip install 'cairn-resume[gcs]' ({e})"
             ) from e
         return GCSBackend(parts.netloc, parts.path.strip("/"))
     raise ConfigError(f"unsupported store URL scheme {parts.scheme!r} in {url!r}; {_HELP}")

@@ -54,7 +54,7 @@ def get_provider_info() -> dict[str, Any]:
     """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point
     (``package-name`` must equal the distribution name)."""
     return {
-        "package-name": "cairn-airflow",
+        "package-name": "airflow-provider-cairn",
         "name": "cairn",
         "description": "Snapshots that let long Airflow tasks resume where they stopped after a "
                        "preemption or failure: the @task.cairn decorator and the cairn connection.",

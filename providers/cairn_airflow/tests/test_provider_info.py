@@ -12,7 +12,7 @@ def test_provider_info_is_valid_against_airflows_schema() -> None:
 
     info = cairn_airflow.get_provider_info()
     _create_provider_info_schema_validator().validate(info)
-    assert info["package-name"] == distribution("cairn-airflow").metadata["Name"]
+    assert info["package-name"] == distribution("airflow-provider-cairn").metadata["Name"]
     assert info["versions"] == [cairn_airflow.__version__]
     assert info["task-decorators"] == [
         {"name": "cairn", "class-name": "cairn_airflow.decorators.cairn_task"}]
@@ -24,7 +24,7 @@ def test_provider_info_is_valid_against_airflows_schema() -> None:
 
 
 def test_entry_point_resolves_to_get_provider_info() -> None:
-    (ep,) = [e for e in entry_points(group="apache_airflow_provider") if e.dist.name == "cairn-airflow"]
+    (ep,) = [e for e in entry_points(group="apache_airflow_provider") if e.dist.name == "airflow-provider-cairn"]
     assert ep.load() is cairn_airflow.get_provider_info
 
 
@@ -50,7 +50,7 @@ def test_providers_manager_sees_the_provider_hook_and_decorator() -> None:
     from cairn_airflow.hooks import CairnHook
 
     manager = ProvidersManager()
-    assert "cairn-airflow" in manager.providers
+    assert "airflow-provider-cairn" in manager.providers
     hook = ProvidersManagerTaskRuntime().hooks["cairn"]
     assert hook is not None and hook.hook_class_name == "cairn_airflow.hooks.CairnHook"
     assert hook.connection_id_attribute_name == "cairn_conn_id"
