@@ -7,7 +7,8 @@ installed next to this Airflow's constraints yet). Two DAGs are serialized into 
 and three stores hold snapshots of their keys: the task's own (``cairn_default``), another
 team's (``team_b``, a real ``cairn`` connection nobody allow-listed) and one on the allow-list
 (``team_shared``). Checked: a reader of one DAG sees that DAG's page, another DAG's page answers
-403, a forged ``conn_id`` is refused without a word of that store, the store URL is never shown,
+403, a forged ``conn_id`` is refused without a word of that store, a task whose operator
+serializes its ``cairn_conn_id`` opens that connection's store, the store URL is never shown,
 deep verification needs edit access and is rate-limited per task, discard needs clear access.
 """
 
@@ -24,28 +25,40 @@ import pytest
 from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
 
 MINE, OTHER, TASK_ID, RUN_ID = "cairn_ui_mine", "cairn_ui_other", "train", "manual__ui-access"
+TEAM_B_DAG = "cairn_ui_team_b"  # its task uses connection team_b, and says so in its DAG
 PASSWORDS = {"reader": "reader-pw", "editor": "editor-pw"}
 
 
 class OneDagAuthManager(SimpleAuthManager):
-    """Simple auth manager whose users reach DAG ``cairn_ui_mine`` only (its reader reads it,
-    its editor edits it); everything else the Simple manager decides as usual."""
+    """Simple auth manager whose users reach DAG ``cairn_ui_mine`` (and ``cairn_ui_team_b``)
+    only (its reader reads it, its editor edits it); everything else the Simple manager
+    decides as usual."""
 
     def is_authorized_dag(self, *, method: Any, user: Any, access_entity: Any = None,
                           details: Any = None) -> bool:
-        if details is None or details.id != MINE:
+        if details is None or details.id not in (MINE, TEAM_B_DAG):
             return False
         return super().is_authorized_dag(method=method, user=user, access_entity=access_entity,
                                          details=details)
 
 
-def _dag(dag_id: str) -> Any:
+def _dag(dag_id: str, conn_id: str | None = None) -> Any:
     from airflow.sdk import DAG
 
     from cairn_airflow.operators import CairnPythonOperator
 
+    class Serialized(CairnPythonOperator):
+        """Serializes its connection, as the page needs to find the task's own store."""
+
+        @classmethod
+        def get_serialized_fields(cls) -> frozenset[str]:
+            return frozenset(super().get_serialized_fields() | {"cairn_conn_id"})
+
     with DAG(dag_id, schedule=None) as dag:
-        CairnPythonOperator(task_id=TASK_ID, python_callable=lambda ckpt: None)
+        if conn_id is None:
+            CairnPythonOperator(task_id=TASK_ID, python_callable=lambda ckpt: None)
+        else:
+            Serialized(task_id=TASK_ID, python_callable=lambda ckpt: None, cairn_conn_id=conn_id)
     return dag
 
 
@@ -91,12 +104,15 @@ def stores(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             DagBundlesManager().sync_bundles_to_db(session=session)
             session.flush()
             update_dag_parsing_results_in_db(
-                "dags-folder", None, [LazyDeserializedDAG.from_dag(_dag(d)) for d in (MINE, OTHER)],
+                "dags-folder", None,
+                [LazyDeserializedDAG.from_dag(d) for d in (_dag(MINE), _dag(OTHER),
+                                                           _dag(TEAM_B_DAG, "team_b"))],
                 {}, None, set(), session=session)
         _snapshots(str(paths["own"]), MINE, b"own", 2)
         _snapshots(str(paths["own"]), OTHER, b"other-dag", 1)
         _snapshots(str(paths["team_b"]), MINE, b"team-b-secret", 3)
         _snapshots(str(paths["shared"]), MINE, b"shared", 3)
+        _snapshots(str(paths["team_b"]), TEAM_B_DAG, b"team-b-own", 2)
         yield paths
 
 
@@ -179,6 +195,19 @@ def test_an_allow_listed_connection_opens(client: Any, stores: dict[str, Path]) 
     assert str(stores["shared"]) not in shared.text
     own = client.get(f"/cairn/api/snapshots?{_query(conn_id='cairn_default')}", headers=reader)
     assert own.status_code == 200 and len(own.json()["snapshots"]) == 2
+
+
+def test_a_task_with_its_own_connection_opens_that_store(client: Any,
+                                                        stores: dict[str, Path]) -> None:
+    reader = _auth(client, "reader")
+    own = client.get(f"/cairn/api/snapshots?{_query(TEAM_B_DAG)}", headers=reader)
+    assert own.status_code == 200, own.text
+    assert own.json()["store"] == "connection team_b" and len(own.json()["snapshots"]) == 2
+    assert str(stores["team_b"]) not in own.text
+    # For this task, cairn_default is the foreign one.
+    other = client.get(f"/cairn/api/snapshots?{_query(TEAM_B_DAG, conn_id='cairn_default')}",
+                       headers=reader)
+    assert other.status_code == 403 and "not the one this task uses" in other.text
 
 
 def test_an_unknown_task_is_not_found(client: Any) -> None:
