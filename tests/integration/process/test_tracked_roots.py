@@ -215,3 +215,40 @@ def test_cairn_run_refuses_a_file_outside_the_roots_until_it_is_declared(tmp_pat
         assert declared.committed(), declared.stderr
     finally:
         declared.kill()
+
+
+def test_cairn_run_skips_a_crafted_snapshot_saying_why_and_starts_fresh(
+        backend_url: str, tmp_path: Path) -> None:
+    """The whole restore path: a bucket writer commits a process snapshot that fits this host
+    (a copied compatibility record) and names a file outside the roots; `cairn run` refuses it
+    before CRIU sees it, logs why, starts the command fresh, and the file is untouched."""
+    from cairn.process import compat as compat_mod
+    from cairn.store import open_store
+    from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu
+
+    if not can_run_criu():
+        pytest.skip("needs root and a criu binary (make criu)")
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"precious")
+    key = "dag/train/crafted"
+    command = [sys.executable, str(COUNTER), str(work / "metrics.txt"), "20", "0.01"]
+    with open_store(backend_url) as store:
+        attempt = store.open_attempt(Key.parse(key))
+        with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
+            snap.add_bytes("images/inventory.img", b"\x00" * 64)
+            snap.add_bytes("files/0", b"owned")
+            crafted = snap.commit(
+                compat=compat_mod.current_record(command, cwd=str(work), criu=CRIU),
+                user={"process": {"root_pid": 4242, "pids": [], "tracked": [
+                    {"path": str(outside / "victim"), "size": 5}]}})
+    run = CairnRun(store=backend_url, key=key, command=command, workdir=work / "cairn",
+                   logs=tmp_path / "logs", every="10m", cwd=work)
+    assert run.wait() == 0, run.stderr
+    assert f"skipping snapshot seq {crafted.seq}: seq {crafted.seq}: tracked file refused" in \
+        run.stderr and "outside the track roots" in run.stderr
+    assert "starting fresh" in run.stderr
+    assert (outside / "victim").read_bytes() == b"precious"
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert len((work / "metrics.txt").read_text().splitlines()) == 20
