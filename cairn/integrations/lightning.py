@@ -244,9 +244,9 @@ class CairnCheckpoint(pl.Callback):
         epoch_loop = trainer.fit_loop.epoch_loop
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
         try:
+            # Not val_loop.skip: it reads as True until the val loader is first set up.
             return (fetcher is not None and not epoch_loop._skip_next_val
-                    and bool(epoch_loop._should_check_val_fx(fetcher))
-                    and not epoch_loop.val_loop.skip)
+                    and bool(epoch_loop._should_check_val_fx(fetcher)))
         except (AttributeError, TypeError):
             return False  # another Lightning version: snapshot here, before validation
 

@@ -216,3 +216,38 @@ def test_global_rng_augmentation_validation_and_plateau_resume_bit_identical(
     assert len(set(tagged("lr", ref).values())) > 5  # the schedulers did change the lr
     assert not [line for line in lines if "not bit-identical" in line]
     same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
+
+
+def test_a_plain_dataloader_resumes_and_says_why_it_is_not_exact(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A plain DataLoader cannot save its position: the retry resumes the weights and loops,
+    restarts the epoch's data, and says so in one line."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import logging
+
+    import torch
+
+    from cairn.integrations.lightning import CairnCheckpoint
+    from tests.support.lightning_training import TinyModule
+    from tests.support.tiny_training import Noisy
+
+    class PlainLoader(TinyModule):
+        def train_dataloader(self) -> torch.utils.data.DataLoader:
+            return torch.utils.data.DataLoader(Noisy(), batch_size=16, shuffle=True)
+
+    def run(max_steps: int) -> CairnCheckpoint:
+        torch.manual_seed(1)
+        callback = CairnCheckpoint(store=str(tmp_path / "store"), key=KEY, every_steps=2)
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[callback])
+        trainer.fit(PlainLoader())
+        assert trainer.global_step == max_steps
+        return callback
+
+    assert run(4).restored_step is None
+    with caplog.at_level(logging.WARNING, logger="cairn.state.loader_workers"):
+        assert run(6).restored_step == 3
+    why = [r.getMessage() for r in caplog.records if "not bit-identical" in r.getMessage()]
+    assert len(why) == 1, why
+    assert "DataLoader cannot save its position" in why[0]
