@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
+from cairn.policy.options import MAINTENANCE_LABEL
 from cairn.runtime.channel import Notice
 
 log = logging.getLogger("cairn.sidecar")
 
-MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
 DEFAULT_METADATA_URL = "http://metadata.google.internal"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _BACKOFF_MAX_S = 30.0

@@ -33,6 +33,20 @@ def _model() -> tuple[Any, Any]:
 def fit(ckpt: Any, steps: int, kill_at: int, marker: str, log: str) -> dict[str, Any]:
     """Train ``steps`` steps; on the first attempt (no ``marker`` file yet), SIGKILL this
     process right after step ``kill_at``. ``log`` gets ``start N`` and ``step N`` lines."""
+
+    def after(step: int) -> None:
+        with open(log, "a") as f:
+            f.write(f"step {step}\n")
+        if step == kill_at and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return _fit(ckpt, steps, log, after)
+
+
+def _fit(ckpt: Any, steps: int, log: str, after: Any) -> dict[str, Any]:
+    """Restore, train from the next step to ``steps`` calling ``after(step)`` after each
+    step's snapshot decision; ``log`` gets a ``start N`` line."""
     model, opt = _model()
     start = ckpt.restore(model=model, optimizer=opt)
     with open(log, "a") as f:
@@ -40,11 +54,7 @@ def fit(ckpt: Any, steps: int, kill_at: int, marker: str, log: str) -> dict[str,
     for step in range(start, steps):
         _train_step(model, opt, step)
         ckpt.step(step)
-        with open(log, "a") as f:
-            f.write(f"step {step}\n")
-        if step == kill_at and not os.path.exists(marker):
-            open(marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
+        after(step)
     return {"weight": model.weight.flatten().tolist(), "bias": model.bias.tolist(),
             "start": start}
 
@@ -81,16 +91,11 @@ def shout(src: str, dst: str) -> None:
 def fit_with_a_bug(ckpt: Any, steps: int, fail_at: int, marker: str, log: str) -> dict[str, Any]:
     """Like :func:`fit`, but the step's own bug: raise at step ``fail_at`` — on every attempt
     when ``marker`` is empty, on the first one only otherwise."""
-    model, opt = _model()
-    start = ckpt.restore(model=model, optimizer=opt)
-    with open(log, "a") as f:
-        f.write(f"start {start}\n")
-    for step in range(start, steps):
-        _train_step(model, opt, step)
-        ckpt.step(step)
+
+    def after(step: int) -> None:
         if step == fail_at and not (marker and os.path.exists(marker)):
             if marker:
                 open(marker, "w").close()
             raise RuntimeError(f"a bug at step {step}")
-    return {"weight": model.weight.flatten().tolist(), "bias": model.bias.tolist(),
-            "start": start}
+
+    return _fit(ckpt, steps, log, after)

@@ -46,8 +46,6 @@ INTEGRATION_DEBT: frozenset[tuple[str, str]] = frozenset({
     ("cairn_airflow", "cairn.k8s.transform"),
     ("cairn_airflow", "cairn.policy"),
     ("cairn_airflow", "cairn.policy.decide"),
-    ("cairn_airflow", "cairn.policy.resume"),
-    ("cairn_airflow", "cairn.state.checkpointer"),
     ("cairn_airflow", "cairn.store"),
     ("cairn_airflow", "cairn.store.slotlog"),
     ("cairn_kfp", "cairn.policy"),

@@ -64,6 +64,14 @@ def cairn_executable() -> list[str]:
     return [found] if found else [sys.executable, "-m", "cairn.cli.main"]
 
 
+def _duration(value: float | str, name: str) -> str:
+    """``value`` as a duration text, checked now unless it is a Jinja template (then it is
+    checked once Airflow has rendered it, before the command starts)."""
+    if isinstance(value, str) and "{{" in value:
+        return value
+    return format_duration(value, name=name)
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the task's process dies (a SIGKILLed task gives
     no warning; the supervisor then still takes its final snapshot if it fits)."""
@@ -121,8 +129,8 @@ class CairnRunOperator(BaseOperator):
             raise ConfigError("command must be a non-empty list such as ['python', 'train.py'] "
                               "(cairn runs it without a shell)")
         self.command = list(command)
-        self.every = format_duration(every, name="every")
-        self.grace = format_duration(grace, name="grace")
+        self.every = _duration(every, "every")
+        self.grace = _duration(grace, "grace")
         self.cwd = cwd
         self.env = dict(env or {})
         self.keep_snapshots = keep_snapshots
@@ -145,6 +153,8 @@ class CairnRunOperator(BaseOperator):
         key = task_key(context)
         config = self.store_config()
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
+        self.every = format_duration(self.every, name="every")  # rendered by now
+        self.grace = format_duration(self.grace, name="grace")
         this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
         argv = self.cairn_argv(config.url, key, this_try.exclude)
         log.info("cairn: running %s", " ".join(argv))
@@ -192,7 +202,7 @@ class CairnRunOperator(BaseOperator):
                                 "try_number": getattr(context["ti"], "try_number", None),
                                 "resume_plan": plan_reason}
         try:
-            from cairn.store import open_store
+            from cairn import open_store
             from cairn.store.slotlog import RecordKind
 
             with open_store(url, create=False) as store:

@@ -140,7 +140,7 @@ class CairnHook(BaseHook):
     def test_connection(self) -> tuple[bool, str]:
         """Open the store read-only (it must already exist); the UI's "Test" button."""
         from cairn.exceptions import CairnError
-        from cairn.store import open_store
+        from cairn import open_store
 
         try:
             config = self.store_config()

@@ -433,7 +433,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
     def _key(self, context: Any) -> Any:
         if context is not None:
             return task_key(context)
-        from cairn.store import Key
+        from cairn import Key
 
         dag_id = self.dag_id if self.has_dag() else "dag"
         return Key((dag_id, self.task_id, "dry-run", "-1"))
@@ -601,7 +601,7 @@ class CairnKubernetesPodOperator(KubernetesPodOperator):
         plan = self.cairn_plan
         assert plan is not None
         try:
-            from cairn.store import open_store
+            from cairn import open_store
 
             with scoped_environ(plan.store.env), open_store(plan.store.url, create=False) as store:
                 outcome = record_pod_outcome(store, plan.key, remote_pod,

@@ -194,13 +194,13 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
         url, key = env.STORE.get(), env.KEY.get()
         ckpt = None
         if ckpt_parameter is not None:
-            from cairn.state.checkpointer import Checkpointer
+            from cairn import Checkpointer
 
             ckpt = Checkpointer.from_env(**options)
             kwargs = {**kwargs, ckpt_parameter: ckpt}
         parsed_key = None
         if url and key:
-            from cairn.store import Key
+            from cairn import Key
 
             parsed_key = Key.parse(key)
         try:

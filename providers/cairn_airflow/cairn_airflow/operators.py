@@ -129,7 +129,7 @@ def checkpointer_options_with(*, every_steps: int | None, every_seconds: float |
 
 def task_key(context: Mapping[str, Any]) -> Any:
     """The cairn key of the running task instance: ``(dag_id, task_id, run_id, map_index)``."""
-    from cairn.store import Key
+    from cairn import Key
 
     ti = context["ti"]
     map_index = getattr(ti, "map_index", None)
