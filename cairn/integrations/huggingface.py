@@ -194,7 +194,8 @@ class CairnCallback(TrainerCallback):
         self._rng = capture.rng_state()
         if self._ledger is not None:
             self._ledger.replay = list(doc.get("fetch_rng") or [])
-        loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger),
+        unseen = "fetch_rng" in doc and doc["fetch_rng"] is None
+        loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger, unseen=unseen),
                                         what=f"resuming the Trainer at global step {start}")
         # Creating the LR scheduler inside train() sets every group's lr to its step-0 value;
         # transformers' own resume loads the optimizer after that, and so do we, in
@@ -290,11 +291,14 @@ class _TrainerState:
         doc = dataclasses.asdict(trainer.state)
         doc["stateful_callbacks"] = callbacks
         # A string, not a tree: it goes back to transformers byte for byte.
-        fetch_rng: list[Any] = []
+        fetch_rng: list[Any] | None = []
         if owner._ledger is not None:
             trained = (trainer.state.global_step - owner._start_step) \
                 * trainer.args.gradient_accumulation_steps
-            fetch_rng = owner._ledger.ahead(trained)
+            # No fetch seen after steps were trained: transformers fetched from another
+            # dataset object (it rebuilds a datasets.Dataset to drop unused columns).
+            fetch_rng = None if trained > 0 and owner._ledger.fetches == 0 \
+                else owner._ledger.ahead(trained)
         return {"version": STATE_VERSION, "transformers": transformers.__version__,
                 "trainer_state": json.dumps(doc, sort_keys=True), "fetch_rng": fetch_rng}
 
@@ -345,8 +349,9 @@ class _FetchLedger:
         return list(self.recent)[len(self.recent) - count:] if count else []
 
 
-def _not_exact(trainer: Trainer, ledger: _FetchLedger | None) -> list[str]:
-    """Why resuming this Trainer is not bit-identical (as far as cairn can tell)."""
+def _not_exact(trainer: Trainer, ledger: _FetchLedger | None, *, unseen: bool) -> list[str]:
+    """Why resuming this Trainer is not bit-identical (as far as cairn can tell); ``unseen``:
+    the run that took the snapshot trained without any batch fetch reaching the hook."""
     import torch
 
     workers = trainer.args.dataloader_num_workers
@@ -356,7 +361,7 @@ def _not_exact(trainer: Trainer, ledger: _FetchLedger | None) -> list[str]:
     if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
         return [f"the IterableDataset {type(trainer.train_dataset).__name__} is replayed from "
                 "the start of the epoch by transformers"]
-    if ledger is None and trainer.train_dataset is not None:
+    if (ledger is None or unseen) and trainer.train_dataset is not None:
         return ["cairn could not hook the train dataset's batch fetches: augmentation in the "
                 "first batches after the resume is drawn from other RNG states"]
     return []
