@@ -287,11 +287,13 @@ class Spool:
 
     def hand_off(self, entry: str, *, key: Key, store: str, epoch: int, last_seq: int,
                  parent_seq: int | None, compat: Mapping[str, Any], info: Mapping[str, Any],
-                 tracked_paths: Sequence[str]) -> Ticket:
+                 tracked_paths: Sequence[str], roots: Sequence[str] | None = None) -> Ticket:
         """Complete ``entry`` once CRIU has written its images: copy each tracked file up to
-        its dumped size, open the entry up to the uploader's user, write the ticket last."""
+        its dumped size (each under ``roots`` when given), open the entry up to the
+        uploader's user, write the ticket last."""
         path = self.entry_path(entry)
-        tracked = tracked_sizes(read_reg_files(self.images_dir(entry)), list(tracked_paths))
+        tracked = tracked_sizes(read_reg_files(self.images_dir(entry)), list(tracked_paths),
+                                roots=roots)
         files = os.path.join(path, FILES)
         os.makedirs(files, exist_ok=True)
         for index, item in enumerate(tracked):

@@ -84,6 +84,7 @@ DEFAULT_WORKDIR: str = env.WORKDIR.default  # type: ignore[assignment]
 DUMP_TIMEOUT_S = 900.0  # a CRIU dump that hangs this long is killed (the workload thaws)
 FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but at least this
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
+SOCKET_DIR_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")  # where a restore may make a socket's dir
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
 
 
@@ -171,6 +172,9 @@ class Supervisor:
         self.stdout_path = os.path.join(self.run_dir, "stdout.log")
         self.stderr_path = os.path.join(self.run_dir, "stderr.log")
         self.staging = os.path.join(self.run_dir, "staging")
+        # Where tracked files may live and be restored (the working and run directories and
+        # $CAIRN_TRACK_ROOTS): checked before each dump, enforced by each restore.
+        self._track_roots = snap_mod.track_roots(log_dir=self.run_dir, cwd=self.cwd)
         self.cost = DumpCost()
         self.child: int | None = None
         self.restored_from: int | None = None
@@ -367,9 +371,9 @@ class Supervisor:
         shutil.rmtree(dest, ignore_errors=True)
         os.makedirs(self.staging, exist_ok=True)
         try:
-            tracked = snap_mod.fetch(self._store, manifest, dest)
+            tracked = snap_mod.fetch(self._store, manifest, dest, roots=self._track_roots)
             for socket_path in read_unix_socket_paths(os.path.join(dest, snap_mod.IMAGES)):
-                os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+                self._prepare_socket_dir(socket_path)
             shm_files = torch_shm.recreate(os.path.join(dest, snap_mod.IMAGES))
             pidfile = os.path.join(self.staging, "restored.pid")
             try:
@@ -451,8 +455,33 @@ class Supervisor:
         if problems:
             raise NotSnapshottable("cannot snapshot the workload:\n  " +
                                    "\n  ".join(str(p) for p in problems))
-        tracked = workload.append_files(files)
-        return sorted(own) + [p for p in tracked if p not in own], gpu
+        tracked = sorted(own) + [p for p in workload.append_files(files) if p not in own]
+        snap_mod.check_tracked(tracked, roots=self._track_roots)  # before, not after, the dump
+        return tracked, gpu
+
+    def _prepare_socket_dir(self, socket_path: str) -> None:
+        """Create the directory of a unix socket the images name, which CRIU needs to exist
+        (multiprocessing's ``/tmp/pymp-*``, say). The images are not trusted: only one new
+        directory, mode 0700, directly in a temporary directory or a track root, made without
+        following a symlink (a symlinked parent raises OSError: the restore fails); anything
+        else is left to CRIU to refuse."""
+        directory = os.path.dirname(socket_path)
+        parent, name = os.path.split(directory)
+        if os.path.isdir(directory) and not os.path.islink(directory):
+            return
+        if (parent not in SOCKET_DIR_PARENTS and parent not in self._track_roots) \
+                or name in ("", ".", "..") or os.path.normpath(directory) != directory:
+            log.warning("not creating %s for a unix socket the snapshot names: only a new "
+                        "directory directly in %s or a track root is made", directory,
+                        ", ".join(SOCKET_DIR_PARENTS))
+            return
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.mkdir(name, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        finally:
+            os.close(fd)
 
     def _cuda_api(self) -> cuda_mod.CudaCheckpoint | None:
         if self._cuda is None:
@@ -499,10 +528,12 @@ class Supervisor:
                 self._spool.spool.hand_off(
                     entry, key=self.key, store=self._store.url, epoch=self._attempt.epoch,
                     last_seq=self._attempt.log.last_seq, parent_seq=self._last_committed_seq(),
-                    compat=self._compat, info=info, tracked_paths=tracked)
+                    compat=self._compat, info=info, tracked_paths=tracked,
+                    roots=self._track_roots)
                 handed = True
                 return self._spooled(entry, started, dumped, staged, frozen_us)
             report = snap_mod.ingest(self._attempt, image_dir, tracked_paths=tracked,
+                                     roots=self._track_roots,
                                      compat=self._compat, info=info)
         except Fenced:
             raise

@@ -45,7 +45,12 @@ from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
 from cairn.runtime.durations import format_duration
-from cairn_airflow.hooks import DEFAULT_CONN_ID, StoreConfig, operator_store_config
+from cairn_airflow.hooks import (
+    DEFAULT_CONN_ID,
+    SerializesCairnConnection,
+    StoreConfig,
+    operator_store_config,
+)
 from cairn_airflow.operators import XCOM_KEY, task_key
 from cairn_airflow.resume import begin_try, raise_verdict, resume_policy
 
@@ -93,7 +98,7 @@ def exit_error(code: int, key: Any) -> Exception:
     return error_for_exit(code, key=key) or AirflowException(describe_exit(code))
 
 
-class CairnRunOperator(BaseOperator):
+class CairnRunOperator(SerializesCairnConnection, BaseOperator):
     """Runs ``command`` under ``cairn run`` so that a retry resumes the process from its last
     snapshot (see the module docstring for the contract of one try).
 

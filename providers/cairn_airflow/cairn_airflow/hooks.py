@@ -105,6 +105,15 @@ def operator_store_config(*, store_url: str | None, cairn_conn_id: str) -> Store
     return CairnHook(cairn_conn_id=cairn_conn_id).store_config()
 
 
+class SerializesCairnConnection:
+    """Operator mixin: Airflow serializes ``cairn_conn_id`` with the DAG, so that the snapshots
+    page (which reads the serialized DAG) opens the connection the task itself uses."""
+
+    @classmethod
+    def get_serialized_fields(cls) -> frozenset[str]:
+        return frozenset(super().get_serialized_fields() | {"cairn_conn_id"})  # type: ignore[misc]
+
+
 class CairnHook(BaseHook):
     """Resolves a ``cairn`` connection into a :class:`StoreConfig`.
 

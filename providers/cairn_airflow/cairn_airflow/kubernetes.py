@@ -63,6 +63,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
+    SerializesCairnConnection,
     StoreConfig,
     operator_store_config,
     scoped_environ,
@@ -345,7 +346,7 @@ class PodPlan:
     resume: Any = None  # cairn.Try: this try's plan (None on a dry run without a task instance)
 
 
-class CairnKubernetesPodOperator(KubernetesPodOperator):
+class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperator):
     """A KubernetesPodOperator whose pod resumes from cairn snapshots on retry (see the module
     docstring for the contract of one try).
 

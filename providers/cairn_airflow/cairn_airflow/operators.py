@@ -39,6 +39,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from cairn.exceptions import ConfigError
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
+    SerializesCairnConnection,
     StoreConfig,
     operator_store_config,
     scoped_environ,
@@ -136,7 +137,7 @@ def task_key(context: Mapping[str, Any]) -> Any:
     return Key((ti.dag_id, ti.task_id, ti.run_id, str(-1 if map_index is None else map_index)))
 
 
-class CairnPythonOperator(PythonOperator):
+class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
     """Runs ``python_callable`` with a cairn Checkpointer for this task instance's key (see the
     module docstring for the contract of one try).
 
