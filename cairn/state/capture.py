@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cairn.exceptions import ConfigError
+from cairn.exceptions import CairnError, ConfigError
 from cairn.state import loader_workers, rng
 
 
@@ -122,6 +122,10 @@ def check_compatible(tree: dict[str, Any], targets: Targets) -> None:
         if live_groups != saved_groups:
             problems.append(f"optimizer {name!r}: snapshot has parameter groups of sizes "
                             f"{saved_groups}, live {live_groups}")
+    try:
+        rng.check(tree.get("rng"))
+    except CairnError as e:
+        problems.append(str(e))
     if (tree.get("loader") is None) != (targets.loader is None):
         problems.append("loader: pass the same loader= as when the snapshot was taken")
     if problems:

@@ -20,7 +20,7 @@ import numpy as np
 
 from cairn.exceptions import CorruptSnapshot
 
-__all__ = ["capture", "restore"]
+__all__ = ["capture", "check", "restore"]
 
 
 def capture(*, cuda: bool = True) -> dict[str, Any]:
@@ -41,15 +41,35 @@ def capture(*, cuda: bool = True) -> dict[str, Any]:
     return state
 
 
+def check(state: Any) -> None:
+    """Raise CorruptSnapshot unless ``state`` is a tree :func:`restore` can put back (so a
+    restore can refuse a snapshot before it loads anything)."""
+    _parse(state)
+
+
+def _parse(state: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    try:
+        python, numpy = _python_state(state["python"]), _numpy_state(state["numpy"])
+        if len(numpy) != 5 or len(numpy[1]) != 624 or len(python) != 3:
+            raise ValueError("unexpected numpy or Python state size")
+        generator = state["torch"]
+        if getattr(generator, "dtype", None) is None:
+            raise TypeError("the torch state is not a tensor")
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise CorruptSnapshot(f"the snapshot's RNG state is malformed: {e}") from None
+    return python, numpy, generator
+
+
 def restore(state: dict[str, Any]) -> None:
     """Set the global RNGs to ``state`` (from :func:`capture`). Raises CorruptSnapshot."""
     import torch
 
+    python, numpy, generator = _parse(state)
     try:
-        random.setstate(_python_state(state["python"]))
-        np.random.set_state(_numpy_state(state["numpy"]))
-        torch.set_rng_state(state["torch"])
-    except (KeyError, TypeError, ValueError) as e:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(generator)
+    except (TypeError, ValueError, RuntimeError) as e:
         raise CorruptSnapshot(f"the snapshot's RNG state is malformed: {e}") from None
     cuda = state.get("cuda") or []
     if cuda and "torch.cuda" in sys.modules and torch.cuda.is_available():

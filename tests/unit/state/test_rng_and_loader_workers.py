@@ -100,3 +100,18 @@ def test_install_keeps_the_users_worker_init_fn_and_is_idempotent() -> None:
     assert isinstance(loader.worker_init_fn, loader_workers.WorkerRNG)
     assert loader.worker_init_fn.previous is mine
     assert not loader_workers.install(StatefulDataLoader(Items()))  # no workers: nothing to do
+
+
+def test_a_malformed_rng_state_is_refused_before_anything_is_set() -> None:
+    from cairn.exceptions import CorruptSnapshot
+
+    good = rng.capture()
+    torch.manual_seed(9)
+    before = torch.get_rng_state()
+    bad = dict(good, numpy=dict(good["numpy"], keys=np.zeros(3, dtype=np.uint32)))
+    with pytest.raises(CorruptSnapshot, match="RNG state is malformed"):
+        rng.restore(bad)
+    assert torch.equal(torch.get_rng_state(), before)  # nothing was set
+    with pytest.raises(CorruptSnapshot):
+        rng.check({"python": good["python"]})
+    rng.check(good)
