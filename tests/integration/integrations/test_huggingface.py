@@ -141,7 +141,7 @@ def test_the_callback_alone_refuses_to_train(tmp_path: Path) -> None:
 def test_without_transformers_the_import_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)  # a None entry makes the import fail
     monkeypatch.delitem(sys.modules, "cairn.integrations.huggingface", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'cairn\[huggingface\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'cairn-resume\[huggingface\]'"):
         importlib.import_module("cairn.integrations.huggingface")
 
 

@@ -174,7 +174,7 @@ def test_without_lightning_the_import_names_the_extra(monkeypatch: pytest.Monkey
     for name in ("lightning", "lightning.pytorch", "pytorch_lightning"):
         monkeypatch.setitem(sys.modules, name, None)  # a None entry makes the import fail
     monkeypatch.delitem(sys.modules, "cairn.integrations.lightning", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'cairn\[lightning\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'cairn-resume\[lightning\]'"):
         importlib.import_module("cairn.integrations.lightning")
 
 
