@@ -34,7 +34,9 @@ finds it before the resumed fit has validated.
 
 Not captured: state a LightningModule keeps only through ``on_save_checkpoint`` (keep it in
 buffers, or in a callback's ``state_dict``) and loggers. A train loader whose position or
-worker RNGs cannot be saved is named in one log line when the fit resumes.
+worker RNGs cannot be saved is named in one log line when the fit resumes, and so is one
+without ``__len__``: Lightning fetches a batch ahead of it, which the loader's saved position
+already counts, so the resumed fit skips that batch.
 Sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused. Single-device training is
 tested; DDP takes one part per rank, as under torchrun, but has not been run.
 """
@@ -195,6 +197,12 @@ class CairnCheckpoint(pl.Callback):
         for loader in loaders:
             state = next(remaining, None) if hasattr(loader, "state_dict") else None
             reasons += loader_workers.diagnose(loader, state)
+            if not _has_len(loader):
+                # _PrefetchDataFetcher fetches a batch ahead of a loader without __len__, and
+                # the loader's saved position counts it: the resumed fit skips that batch.
+                reasons.append(f"Lightning fetched one batch ahead of the {type(loader).__name__}"
+                               " without __len__, which its saved position counts: that batch "
+                               "is skipped")
         loader_workers.log_if_not_exact(
             reasons, what=f"resuming the Lightning fit at global step {self.restored_step + 1}")
 
@@ -336,6 +344,14 @@ class _TrainerState:
 
     def load_state_dict(self, state: Any) -> None:
         self.loaded = state
+
+
+def _has_len(loader: Any) -> bool:
+    try:
+        len(loader)
+    except (TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:

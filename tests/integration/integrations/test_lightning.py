@@ -251,3 +251,72 @@ def test_a_plain_dataloader_resumes_and_says_why_it_is_not_exact(
     why = [r.getMessage() for r in caplog.records if "not bit-identical" in r.getMessage()]
     assert len(why) == 1, why
     assert "DataLoader cannot save its position" in why[0]
+
+
+def _counting() -> object:
+    """An endless stateful IterableDataset of 1, 2, 3, ... (its state: the last number)."""
+    import torch
+
+    class Counting(torch.utils.data.IterableDataset):
+        def __init__(self) -> None:
+            self.i = 0
+
+        def __iter__(self):  # noqa: ANN204
+            while True:
+                self.i += 1
+                yield torch.tensor([float(self.i)])
+
+        def state_dict(self) -> dict[str, int]:
+            return {"i": self.i}
+
+        def load_state_dict(self, state: dict[str, int]) -> None:
+            self.i = state["i"]
+
+    return Counting()
+
+
+def test_a_loader_without_len_resumes_and_says_which_batch_is_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Lightning fetches a batch ahead of a loader without __len__ and the loader's saved
+    position counts it: the resumed fit skips that one batch (measured here), and says so."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import logging
+
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from cairn.integrations.lightning import CairnCheckpoint
+    from cairn.state.checkpointer import PersistMode
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+            self.seen: list[int] = []
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            self.seen.append(int(batch[0, 0]))
+            return self.lin(batch).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> StatefulDataLoader:
+            return StatefulDataLoader(_counting(), batch_size=1)
+
+    def run(max_steps: int) -> list[int]:
+        module = Module()
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[CairnCheckpoint(
+                                 store=str(tmp_path / "store"), key=KEY, every_steps=2,
+                                 persist=PersistMode.INLINE)])
+        trainer.fit(module)
+        return module.seen
+
+    assert run(4) == [1, 2, 3, 4]
+    with caplog.at_level(logging.WARNING, logger="cairn.state.loader_workers"):
+        # Pins today's limit: 5 was fetched ahead before the snapshot of step 3 and is lost.
+        assert run(8) == [6, 7, 8, 9]
+    why = [r.getMessage() for r in caplog.records if "not bit-identical" in r.getMessage()]
+    assert len(why) == 1 and "without __len__" in why[0], why
