@@ -17,7 +17,7 @@ What is measured:
   mutate the parameters again; durable is the time until the snapshot survives a crash,
   both from the start of the call (state-dict gathering included on every side).
 
-  - ``cairn`` (``PersistMode.SIDECAR``, the default): stall = ``Checkpointer.save(step)``,
+  - ``cairn`` (``PersistMode.PROCESS``, the default): stall = ``Checkpointer.save(step)``,
     durable = until ``Checkpointer.wait()`` returns;
   - ``cairn_inline`` (``PersistMode.INLINE``): ``save`` returns durable, stall = durable;
   - ``torch_save``: ``torch.save({"model": ..., "optimizer": ...}, path)``, then ``fsync`` of
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # stall and time-to-durable
         contenders = [
-            CairnContender("cairn", root, model, opt, PersistMode.SIDECAR),
+            CairnContender("cairn", root, model, opt, PersistMode.PROCESS),
             CairnContender("cairn_inline", root, model, opt, PersistMode.INLINE),
             TorchSaveContender(root, model, opt),
             DcpContender("dcp_save", root, model, opt, asynchronous=False),
@@ -782,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_dcp_process()
         contenders = [cairn]
         gc.collect()
-        source = CairnContender("cairn_restore_source", root, model, opt, PersistMode.SIDECAR)
+        source = CairnContender("cairn_restore_source", root, model, opt, PersistMode.PROCESS)
         try:
             source.ckpt.save(0, wait=True)
         finally:

@@ -14,9 +14,9 @@ the newest snapshot that verifies and fits, and returns the step to run next (th
 completed step + 1, or 0). :meth:`Checkpointer.step` takes a snapshot when the policy says so;
 the snapshot holds the state *after* that step's update.
 
-Stage, then persist: by default (``persist=PersistMode.SIDECAR``) a snapshot copies every
+Stage, then persist: by default (``persist=PersistMode.PROCESS``) a snapshot copies every
 tensor into a pre-faulted shared-memory staging buffer and returns; a separate writer process
-(:mod:`cairn.state.sidecar`) chunks, hashes, dedups and commits it, so training stalls only
+(:mod:`cairn.state.writer_process`) chunks, hashes, dedups and commits it, so training stalls only
 for the copy. ``close()`` waits until the last snapshot is durable and raises if it failed. If a
 persist is still running at the next trigger, ``when_busy`` decides: wait for it, or skip this
 snapshot. ``PersistMode.INLINE`` persists on the calling thread instead (durable when ``step``
@@ -67,7 +67,7 @@ from cairn.state.codec import (
     unflatten,
 )
 from cairn.state.distributed import Group
-from cairn.state.sidecar import SidecarWriter
+from cairn.state.writer_process import WriterProcess
 from cairn.state.staging import StagingBuffer, plan
 from cairn.state.status import StatusReporter
 from cairn.state.triggers import (
@@ -110,8 +110,14 @@ class SnapshotPolicy:
 class PersistMode(str, enum.Enum):
     """Where a snapshot is persisted."""
 
-    SIDECAR = "sidecar"  # staged in shared memory, persisted by a writer process
+    PROCESS = "process"  # staged in shared memory, persisted by a writer process
+    SIDECAR = "process"  # the old name (an alias): "sidecar" now means the pod's container
     INLINE = "inline"  # persisted on the training thread before step() returns
+
+    @classmethod
+    def _missing_(cls, value: object) -> PersistMode | None:
+        # persist="sidecar", the value before 0.1: the writer process.
+        return cls.PROCESS if value == "sidecar" else None
 
 
 class WhenBusy(str, enum.Enum):
@@ -217,7 +223,7 @@ class Checkpointer:
                  policy: SnapshotPolicy | None = None, every_steps: int | None = None,
                  every_seconds: float | None = None,
                  preemption: PreemptionPolicy | None = PreemptionPolicy(),
-                 persist: PersistMode = PersistMode.SIDECAR, when_busy: WhenBusy = WhenBusy.WAIT,
+                 persist: PersistMode = PersistMode.PROCESS, when_busy: WhenBusy = WhenBusy.WAIT,
                  buffers: int = 1, max_failures: int = 3,
                  exclude_seqs: Collection[int] = (), status_file: str | None = None) -> None:
         if buffers not in (1, 2):
@@ -255,7 +261,7 @@ class Checkpointer:
         self.when_busy = WhenBusy(when_busy)
         self._buffer_count = buffers
         self._buffers: dict[int, StagingBuffer] = {}
-        self._writer: SidecarWriter | None = None
+        self._writer: WriterProcess | None = None
         self._fenced = False
         self._last_error: str | None = None
         self.max_failures = max_failures
@@ -313,8 +319,8 @@ class Checkpointer:
             loader=loader,
         )
         self._group = Group.detect()
-        if self._group.active and self.persist_mode is not PersistMode.SIDECAR:
-            raise ConfigError("distributed training needs persist=PersistMode.SIDECAR")
+        if self._group.active and self.persist_mode is not PersistMode.PROCESS:
+            raise ConfigError("distributed training needs persist=PersistMode.PROCESS")
         if self._group.rank == 0:
             self._attempt = self.store.open_attempt(self.key, note={"mode": "state"},
                                                     exclude=self.exclude_seqs)
@@ -400,16 +406,16 @@ class Checkpointer:
     def _start_writer(self, staged_size: int | None) -> None:
         """Create the writer's handle and start preparing for the first snapshot, whose
         staging size is ``staged_size`` (None: measure the live state)."""
-        if self.persist_mode is not PersistMode.SIDECAR:
+        if self.persist_mode is not PersistMode.PROCESS:
             return
         parent = self._attempt.parent
-        self._writer = SidecarWriter(
+        self._writer = WriterProcess(
             store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
             last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
             settings=dataclasses.asdict(self.store.settings))
         capacity = _with_headroom(staged_size) if staged_size is not None \
             else self._expected_capacity()
-        self._writer.spawn()  # here, not on the warm-up thread: see SidecarWriter.spawn
+        self._writer.spawn()  # here, not on the warm-up thread: see WriterProcess.spawn
         self._warm = threading.Thread(target=self._warm_up, args=(capacity,),
                                       name="cairn-warm-up", daemon=True)
         self._warm.start()

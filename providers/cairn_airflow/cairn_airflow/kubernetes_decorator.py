@@ -234,7 +234,7 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
 
 def _options_json(options: Mapping[str, Any]) -> str:
     """The Checkpointer options as JSON for the pod's script: plain values, enums by value
-    (the Checkpointer accepts ``persist="sidecar"``, ``when_busy="skip"``)."""
+    (the Checkpointer accepts ``persist="process"``, ``when_busy="skip"``)."""
     import enum
     import json
 

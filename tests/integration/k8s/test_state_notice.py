@@ -111,7 +111,7 @@ def test_a_state_mode_trainer_reports_the_sidecars_metrics(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    again = Checkpointer.from_env(every_steps=1, every_seconds=None, persist=PersistMode.SIDECAR)
+    again = Checkpointer.from_env(every_steps=1, every_seconds=None, persist=PersistMode.PROCESS)
     assert again.restore(model=model, optimizer=opt) == last + 1
     model(torch.randn(4, 8)).sum().backward()
     opt.step()

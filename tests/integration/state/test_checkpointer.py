@@ -316,7 +316,7 @@ def test_close_right_after_restore_leaves_no_writer_process(store: Store) -> Non
                     command = f.read()
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == os.getpid() and b"cairn.state.sidecar" in command:
+            if ppid == os.getpid() and b"cairn.state.writer_process" in command:
                 found.add(int(entry))
         return found
 

@@ -13,7 +13,7 @@ import pytest
 
 PROBE = r"""
 import json, os, threading
-from cairn.state.sidecar import lower_priority
+from cairn.state.writer_process import lower_priority
 lower_priority(19)
 seen = {}
 def worker():

@@ -1,6 +1,6 @@
-"""The writer process ("sidecar"): persists staged snapshots so training only pays for a copy.
+"""The writer process: persists staged snapshots so training only pays for a copy.
 
-The trainer (:class:`SidecarWriter`) and the writer process talk over a Unix socket pair with
+The trainer (:class:`WriterProcess`) and the writer process talk over a Unix socket pair with
 length-prefixed JSON messages; staging buffers travel as file descriptors (SCM_RIGHTS). The
 writer process owns the attempt's appends from its start: it chunks, hashes, dedups and
 commits each staged snapshot, and reports ``committed`` or ``failed`` per snapshot.
@@ -16,7 +16,7 @@ The writer yields to training: it runs under ``SCHED_IDLE`` (else at ``nice`` 19
 lowest best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
 training leaves idle rather than slowing its steps (see :func:`lower_priority`).
 
-Run as ``python -m cairn.state.sidecar FD [NICE]``; it imports neither torch nor the trainer's
+Run as ``python -m cairn.state.writer_process FD [NICE]``; it imports neither torch nor the trainer's
 code.
 """
 
@@ -233,7 +233,7 @@ class _State:
     alive: bool = False
 
 
-class SidecarWriter:
+class WriterProcess:
     """The trainer's handle on the writer process. Methods are called from the training
     thread; a background thread reads the writer's reports."""
 
@@ -277,7 +277,7 @@ class SidecarWriter:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "cairn.state.sidecar", str(child.fileno()),
+                [sys.executable, "-m", "cairn.state.writer_process", str(child.fileno()),
                  str(self._nice)],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
