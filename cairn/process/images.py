@@ -219,18 +219,24 @@ class RegFile:
     id: int = 0
 
 
-def read_reg_files(image_dir: str | os.PathLike[str]) -> list[RegFile]:
-    """Every regular file in ``files.img`` (CRIU >= 3.15 keeps them there)."""
+def _files_of_type(image_dir: str | os.PathLike[str], fd_type: int,
+                   field: int) -> Iterator[tuple[dict[int, int | bytes], dict[int, int | bytes]]]:
+    """``(entry, its body)`` for each ``files.img`` entry of ``fd_type``, whose body is the
+    sub-message in ``field`` (3 for a regular file, 16 for a unix socket)."""
     path = os.path.join(image_dir, "files.img")
     if not os.path.exists(path):
-        return []
-    out = []
+        return
     for message in entries(path, magic=FILES_MAGIC):
         f = _first(message)
-        reg = f.get(3)
-        if f.get(1) != FD_TYPE_REG or not isinstance(reg, bytes):
-            continue
-        r = _first(reg)
+        body = f.get(field)
+        if f.get(1) == fd_type and isinstance(body, bytes):
+            yield f, _first(body)
+
+
+def read_reg_files(image_dir: str | os.PathLike[str]) -> list[RegFile]:
+    """Every regular file in ``files.img`` (CRIU >= 3.15 keeps them there)."""
+    out = []
+    for f, r in _files_of_type(image_dir, FD_TYPE_REG, 3):
         name = r.get(6, b"")
         out.append(RegFile(name=name.decode(errors="surrogateescape") if isinstance(name, bytes) else "",
                            flags=int(r.get(2, 0)), pos=int(r.get(3, 0)),
@@ -259,16 +265,8 @@ def read_unix_socket_paths(image_dir: str | os.PathLike[str]) -> list[str]:
     out). CRIU binds them again on restore but does not create their directories, and some of
     those live in temporary directories that are gone by then (Python's multiprocessing binds
     its resource sharer in ``/tmp/pymp-*``, which the DataLoader uses)."""
-    path = os.path.join(image_dir, "files.img")
-    if not os.path.exists(path):
-        return []
-    out = []
-    for message in entries(path, magic=FILES_MAGIC):
-        f = _first(message)
-        usk = f.get(16)
-        if f.get(1) != FD_TYPE_UNIXSK or not isinstance(usk, bytes):
-            continue
-        u = _first(usk)
+    out: list[str] = []
+    for _, u in _files_of_type(image_dir, FD_TYPE_UNIXSK, 16):
         name = u.get(11, b"")
         if not isinstance(name, bytes) or not name or name.startswith(b"\0"):
             continue
