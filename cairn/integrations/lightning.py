@@ -34,15 +34,17 @@ finds it before the resumed fit has validated.
 
 Not captured: state a LightningModule keeps only through ``on_save_checkpoint`` (keep it in
 buffers, or in a callback's ``state_dict``) and loggers. A train loader whose position or
-worker RNGs cannot be saved is named in one log line when the fit resumes, and so is one
-without ``__len__``: Lightning fetches a batch ahead of it, which the loader's saved position
-already counts, so the resumed fit skips that batch.
+worker RNGs cannot be saved is named in one log line when the fit resumes. Lightning fetches
+a batch ahead of a loader without ``__len__``: the callback snapshots that loader's position
+and the RNGs from before that fetch, so the resumed fit fetches the batch again.
 Sharded strategies (FSDP, DeepSpeed, ModelParallel) are refused. Single-device training is
 tested; DDP takes one part per rank, as under torchrun, but has not been run.
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 import logging
 from typing import Any
 
@@ -103,6 +105,7 @@ class CairnCheckpoint(pl.Callback):
         self._unsaveable: set[str] = set()
         self._pending: int | None = None  # a due snapshot's step, taken when validation ends
         self._metrics: dict[str, Any] | None = None  # callback_metrics to put back
+        self._ahead_rng: dict[str, Any] | None = None  # RNGs for the batch fetched ahead
 
     # -- restore -----------------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class CairnCheckpoint(pl.Callback):
         self.restored_step = start - 1
         self._last_global_step = trainer.global_step
         self._metrics = state.get("callback_metrics") or None
+        self._ahead_rng = state.get("ahead_rng")
         # Setting up the train loader between here and the first batch draws from the global
         # RNG; the uninterrupted run drew those at its epoch start, long before the snapshot.
         self._rng = capture.rng_state()
@@ -188,21 +192,29 @@ class CairnCheckpoint(pl.Callback):
     def _train_loader_ready(self, trainer: pl.Trainer, states: list[Any]) -> None:
         combined = getattr(trainer.fit_loop, "_combined_loader", None)
         loaders = list(combined.flattened) if combined is not None else []
+        wrapped = []
         for loader in loaders:
             loader_workers.install(loader)
+            if not _has_len(loader) and hasattr(loader, "state_dict"):
+                loader = _FetchedAhead(loader, lambda: _prefetched(trainer))
+            wrapped.append(loader)
+        if any(a is not b for a, b in zip(wrapped, loaders)):
+            combined.flattened = wrapped
         if self.restored_step is None:
             return
+        if self._ahead_rng is not None:
+            # The loader resumes before the batch Lightning had fetched ahead; Lightning
+            # fetches it again right after this, from the RNGs it was first fetched with.
+            for loader in wrapped:
+                if isinstance(loader, _FetchedAhead):
+                    loader_workers.resume_iterator(loader.loader)
+            capture.set_rng_state(self._ahead_rng)
+            self._ahead_rng = None
         remaining = iter(states)  # one per stateful loader, in order
         reasons = []
         for loader in loaders:
             state = next(remaining, None) if hasattr(loader, "state_dict") else None
             reasons += loader_workers.diagnose(loader, state)
-            if not _has_len(loader):
-                # _PrefetchDataFetcher fetches a batch ahead of a loader without __len__, and
-                # the loader's saved position counts it: the resumed fit skips that batch.
-                reasons.append(f"Lightning fetched one batch ahead of the {type(loader).__name__}"
-                               " without __len__, which its saved position counts: that batch "
-                               "is skipped")
         loader_workers.log_if_not_exact(
             reasons, what=f"resuming the Lightning fit at global step {self.restored_step + 1}")
 
@@ -300,7 +312,8 @@ class CairnCheckpoint(pl.Callback):
                 datamodule = state
         return {"version": STATE_VERSION, "lightning": pl.__version__,
                 "fit_loop": trainer.fit_loop.state_dict(), "callbacks": callbacks,
-                "datamodule": datamodule, "callback_metrics": _numbers(trainer.callback_metrics)}
+                "datamodule": datamodule, "callback_metrics": _numbers(trainer.callback_metrics),
+                "ahead_rng": _ahead_rng(trainer)}
 
     def _saveable(self, what: str, state: Any) -> bool:
         if what in self._unsaveable:
@@ -344,6 +357,65 @@ class _TrainerState:
 
     def load_state_dict(self, state: Any) -> None:
         self.loaded = state
+
+
+class _FetchedAhead:
+    """Stands for a train loader without ``__len__``, ahead of which Lightning's
+    ``_PrefetchDataFetcher`` fetches a batch: records the loader's state and the global RNGs
+    before each fetch, and reports as its ``state_dict`` the state from before the oldest
+    batch fetched but not yet trained (so a resume fetches that batch again, instead of
+    skipping it). Everything else goes to the loader."""
+
+    def __init__(self, loader: Any, prefetched: Any) -> None:
+        self.loader = loader
+        self._prefetched = prefetched
+        self.before: collections.deque[tuple[Any, dict[str, Any]]] = collections.deque(maxlen=4)
+
+    def __iter__(self) -> Any:
+        return _Recording(self, iter(self.loader))
+
+    def state_dict(self) -> Any:
+        ahead = self._prefetched()
+        if 0 < ahead <= len(self.before):
+            return self.before[-ahead][0]
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.loader.load_state_dict(state)
+
+    def rng_before(self) -> dict[str, Any] | None:
+        ahead = self._prefetched()
+        return self.before[-ahead][1] if 0 < ahead <= len(self.before) else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+class _Recording:
+    def __init__(self, owner: _FetchedAhead, iterator: Any) -> None:
+        self._owner = owner
+        self._iterator = iterator
+
+    def __iter__(self) -> _Recording:
+        return self
+
+    def __next__(self) -> Any:
+        owner = self._owner
+        owner.before.append((copy.deepcopy(owner.loader.state_dict()), capture.rng_state()))
+        return next(self._iterator)
+
+
+def _prefetched(trainer: pl.Trainer) -> int:
+    """How many batches Lightning's data fetcher holds fetched but not yet trained."""
+    return len(getattr(getattr(trainer.fit_loop, "_data_fetcher", None), "batches", None) or ())
+
+
+def _ahead_rng(trainer: pl.Trainer) -> dict[str, Any] | None:
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    for loader in (combined.flattened if combined is not None else []):
+        if isinstance(loader, _FetchedAhead):
+            return loader.rng_before()
+    return None
 
 
 def _has_len(loader: Any) -> bool:
