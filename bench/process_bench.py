@@ -74,6 +74,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchenv import drop_caches, loadavg  # bench/ is on sys.path when run as a script
 from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import pids as pids_mod
@@ -110,21 +111,6 @@ def human(size: int) -> str:
         if size >= scale and size % (scale // 4) == 0:
             return f"{size / scale:g} {unit}"
     return f"{size} B"
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def drop_caches() -> bool:
-    """``sync`` then drop the page cache; False when not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def image_bytes(directory: str) -> int:

@@ -119,7 +119,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from cairn.state.checkpointer import Checkpointer, PersistMode, SnapshotPolicy
 from cairn.state.staging import StagingBuffer, plan
 from cairn.store import Key, Store, StoreSettings, open_store
-from store_bench import drop_caches  # bench/ is on sys.path when run as a script
+from benchenv import drop_caches, fsync_path, loadavg, remove  # bench/ is on sys.path
 
 KEY = Key.parse("bench/state/run")
 TARGETS = {"stall_vs_memcpy": 1.5, "stall_vs_dcp_best": 1.0, "restore_vs_torch_load": 1.0,
@@ -234,21 +234,6 @@ def byte_view(t: torch.Tensor) -> memoryview:
 # -- environment ------------------------------------------------------------------------------
 
 
-def fsync_path(path: str, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.unlink(path)
-
-
 @contextlib.contextmanager
 def stderr_to(path: str) -> Iterator[None]:
     """Route fd 2 to ``path`` (a process spawned meanwhile keeps it: DCP's logs INFO lines)."""
@@ -267,10 +252,6 @@ def stderr_to(path: str) -> Iterator[None]:
 
 def p95(values: list[float]) -> float:
     return float(np.percentile(values, 95))
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # -- snapshot contenders ----------------------------------------------------------------------

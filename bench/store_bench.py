@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from benchenv import drop_caches, fsync_path, remove  # bench/ is on sys.path when run as a script
 from cairn.store import Key, Store, StoreSettings, open_store
 from cairn.store.hashing import digest
 from cairn.store.packs import PACKS_PREFIX
@@ -76,35 +77,6 @@ def human(size: int) -> str:
     return f"{size} B"
 
 
-# -- environment ----------------------------------------------------------------------------
-
-
-def drop_caches() -> bool:
-    """``sync`` then drop the page cache; False when not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.unlink(path)
-
-
 # -- the two sides of each operation --------------------------------------------------------
 
 
@@ -118,7 +90,7 @@ def baseline_write(path: str, data: memoryview, io_chunk: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    fsync_dir(os.path.dirname(path))
+    fsync_path(os.path.dirname(path), directory=True)
 
 
 def baseline_read(path: str, io_chunk: int) -> int:
@@ -143,7 +115,7 @@ def baseline_copy(src: str, dest: str, io_chunk: int) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    fsync_dir(os.path.dirname(dest))
+    fsync_path(os.path.dirname(dest), directory=True)
 
 
 def cairn_write(store: Store, data: memoryview) -> None:

@@ -46,6 +46,18 @@ def checkpointer_options(*, every_steps: int | None, every_seconds: float | None
     return merged
 
 
+def checkpointer_factory(*, store: Any, key: Any, checkpointer: Any, every_steps: int | None,
+                         every_seconds: float | None, options: dict[str, Any]) -> dict[str, Any]:
+    """What an integration keeps to build its Checkpointer when training starts (the keyword
+    arguments of :func:`make_checkpointer`); ConfigError when ``checkpointer=`` comes with a
+    store, key or options."""
+    merged = checkpointer_options(every_steps=every_steps, every_seconds=every_seconds,
+                                  options=options)
+    if checkpointer is not None and (store is not None or key is not None or merged):
+        raise ConfigError("pass checkpointer= or store=/key= and options, not both")
+    return dict(store=store, key=key, checkpointer=checkpointer, options=merged)
+
+
 def close_quietly(checkpointer: Any, reason: BaseException) -> None:
     """Close after a failure: wait for what was staged, but never mask ``reason``."""
     try:

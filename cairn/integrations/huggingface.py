@@ -62,7 +62,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.integrations._common import (
-    checkpointer_options,
+    checkpointer_factory,
     close_quietly,
     make_checkpointer,
     missing,
@@ -140,11 +140,9 @@ class CairnCallback(TrainerCallback):
     def __init__(self, *, store: Any = None, key: Any = None, checkpointer: Any = None,
                  every_steps: int | None = None, every_seconds: float | None = None,
                  save_on_end: bool = True, finish: bool = False, **options: Any) -> None:
-        merged = checkpointer_options(every_steps=every_steps, every_seconds=every_seconds,
-                                      options=options)
-        if checkpointer is not None and (store is not None or key is not None or merged):
-            raise ConfigError("pass checkpointer= or store=/key= and options, not both")
-        self._factory = dict(store=store, key=key, checkpointer=checkpointer, options=merged)
+        self._factory = checkpointer_factory(store=store, key=key, checkpointer=checkpointer,
+                                             every_steps=every_steps,
+                                             every_seconds=every_seconds, options=options)
         self.save_on_end = save_on_end
         self.finish = finish
         self.checkpointer: Any = None
