@@ -66,6 +66,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cairn.process.doctor import CAPABILITY_NAMES
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 COUNTER = REPO / "tests" / "support" / "counter_steps.py"
@@ -75,18 +77,7 @@ ALLOW_ALL_PROFILE = SECCOMP_DIR / "allow-all.json"  # a filter that denies nothi
 HELPER_SRC = SECCOMP_DIR / "seccomp_exec.c"
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
-# index = capability number (linux/capability.h)
-CAP_NAMES: tuple[str, ...] = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
-    "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
-    "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
-    "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
-    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
-    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
-    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN",
-    "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON",
-    "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
-)
+CAP_NAMES = CAPABILITY_NAMES  # index = capability number (linux/capability.h)
 
 # Docker's and containerd's default grant (moby oci/caps/defaults.go, containerd oci/spec.go).
 DOCKER_DEFAULT: tuple[str, ...] = (
