@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +19,7 @@ from cairn.k8s import metrics
 from cairn.k8s.uploader import MAX_BACKOFF_S, Uploader, UploadSettings
 from cairn.process import spool as spool_mod
 from cairn.process.spool import Spool, UploadOutcome
-from cairn.store import Key, open_store
+from cairn.store import Attempt, Key, Store, open_store
 from tests.support.fake_dump import fake_dump
 
 KEY = Key.parse("dag/train/run-1")
@@ -43,6 +46,17 @@ def _spool_one(spool: Spool, store_url: str, attempt: object, tmp_path: Path,
     return entry
 
 
+@contextmanager
+def _uploading(tmp_path: Path, **settings: Any) -> Iterator[tuple[Store, Attempt, Uploader]]:
+    """A local store with an open attempt of KEY, and an uploader of ``tmp_path/spool`` (with
+    ``settings``) that stops after the block: ``(store, attempt, uploader)``."""
+    with open_store(str(tmp_path / "store")) as store:
+        attempt = store.open_attempt(KEY)
+        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool"), **settings))
+        yield store, attempt, uploader
+        uploader.stop()
+
+
 def _result(spool: Spool, entry: str) -> dict:
     return json.loads(Path(spool.path, entry + spool_mod.RESULT_SUFFIX).read_text())
 
@@ -53,9 +67,7 @@ def _samples(text: str) -> dict:
 
 
 def test_only_complete_entries_are_taken_and_each_leaves_a_result(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool")))
+    with _uploading(tmp_path) as (store, attempt, uploader):
         spool = uploader.spool
         half = _spool_one(spool, store.url, attempt, tmp_path, complete=False)
         assert uploader.step() is False  # a dump without its ticket: never taken
@@ -71,13 +83,10 @@ def test_only_complete_entries_are_taken_and_each_leaves_a_result(tmp_path: Path
         stats = uploader.stats
         assert (stats.committed, stats.last_seq, stats.pending) == (1, info.seq, 1)
         assert uploader.step() is False and uploader.stats.pending == 0
-        uploader.stop()
 
 
 def test_an_older_entry_of_the_same_attempt_is_superseded(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool")))
+    with _uploading(tmp_path) as (store, attempt, uploader):
         older = _spool_one(uploader.spool, store.url, attempt, tmp_path)
         newer = _spool_one(uploader.spool, store.url, attempt, tmp_path)
         assert uploader.step() and uploader.step()
@@ -87,24 +96,18 @@ def test_an_older_entry_of_the_same_attempt_is_superseded(tmp_path: Path) -> Non
         assert info.manifest.metadata["user"]["process"]["spool_entry"] == newer
         assert uploader.stats.dropped == {"superseded": 1}
         assert uploader.stats.last_error is None  # superseding is no error
-        uploader.stop()
 
 
 def test_a_cancelled_entry_is_removed_unsent(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool")))
+    with _uploading(tmp_path) as (store, attempt, uploader):
         entry = _spool_one(uploader.spool, store.url, attempt, tmp_path)
         assert uploader.spool.cancel(entry)
         assert uploader.step() is False
         assert uploader.spool.entries() == [] and store.snapshots(KEY) == []
-        uploader.stop()
 
 
 def test_a_fenced_entry_is_dropped_and_counted_as_an_error(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        old = store.open_attempt(KEY)
-        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool")))
+    with _uploading(tmp_path) as (store, old, uploader):
         entry = _spool_one(uploader.spool, store.url, old, tmp_path)
         store.open_attempt(KEY)
         assert uploader.step() is True
@@ -117,7 +120,6 @@ def test_a_fenced_entry_is_dropped_and_counted_as_an_error(tmp_path: Path) -> No
         assert page[("cairn_sidecar_uploads_dropped_total", (("reason", "fenced"),))] == 1
         assert page[("cairn_sidecar_uploads_total", ())] == 0
         assert page[("cairn_sidecar_last_upload_error_info", (("error", stats.last_error),))] == 1
-        uploader.stop()
 
 
 def test_failures_are_retried_with_backoff_and_block_younger_entries(tmp_path: Path) -> None:
@@ -163,10 +165,7 @@ def test_failures_are_retried_with_backoff_and_block_younger_entries(tmp_path: P
 
 
 def test_bad_tickets_and_foreign_keys_are_dropped(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool"),
-                                           key="dag/train/another-run"))
+    with _uploading(tmp_path, key="dag/train/another-run") as (store, attempt, uploader):
         spool = uploader.spool
         garbled = _spool_one(spool, store.url, attempt, tmp_path)
         Path(spool.entry_path(garbled), spool_mod.TICKET).write_text("{not json")
@@ -176,7 +175,6 @@ def test_bad_tickets_and_foreign_keys_are_dropped(tmp_path: Path) -> None:
         assert uploader.step() is True
         assert "not this sidecar's --key" in _result(spool, foreign)["detail"]
         assert uploader.stats.dropped == {"invalid": 2} and store.snapshots(KEY) == []
-        uploader.stop()
 
 
 def test_the_thread_uploads_beats_and_drains(tmp_path: Path) -> None:

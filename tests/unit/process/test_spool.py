@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from cairn.process.snapshot import TrackedFile
 from cairn.process.spool import Result, Spool, Ticket, UploadOutcome
 from cairn.process.spool_client import SpoolClient
 from cairn.process.supervisor import RunSettings, Supervisor
-from cairn.store import Key, open_store
+from cairn.store import Attempt, Key, Store, open_store
 from cairn.store.slotlog import RecordKind
 from tests.support.fake_dump import fake_dump
 
@@ -47,6 +49,41 @@ def _spooled(spool: Spool, store_url: str, attempt: object, log_file: Path,
                           last_seq=attempt.log.last_seq, parent_seq=None,  # type: ignore[attr-defined]
                           compat={"image": "test"}, info={"runtime_s": 1.0},
                           tracked_paths=[str(log_file)])
+
+
+def _dumped_entry(spool: Spool, log_file: Path, data: bytes, dumped: int) -> str:
+    """A new entry of epoch 3 whose dump has ``log_file`` (written with ``data`` now) open at
+    size ``dumped``."""
+    log_file.write_bytes(data)
+    entry = spool.new_entry(3)
+    fake_dump(spool.images_dir(entry), appended={str(log_file): dumped})
+    return entry
+
+
+def _hand_off(spool: Spool, entry: str, *tracked_paths: str) -> Ticket:
+    """Hand ``entry`` off for epoch 3 of KEY, after seq 3, tracking ``tracked_paths``."""
+    return spool.hand_off(entry, key=KEY, store="file:///s", epoch=3, last_seq=3,
+                          parent_seq=None, compat={}, info={}, tracked_paths=list(tracked_paths))
+
+
+def _supervisor(store: Store, tmp_path: Path) -> tuple[Supervisor, Spool]:
+    """A supervisor of KEY (running ``true``) on ``store``, with no attempt yet, and the
+    spool at ``tmp_path/spool`` it is set up with."""
+    settings = RunSettings(store=store.url, key=str(KEY), argv=("true",),
+                           spool_dir=str(tmp_path / "spool"))
+    supervisor = Supervisor(settings)
+    supervisor._store = store
+    return supervisor, Spool(settings.spool_dir)  # type: ignore[arg-type]
+
+
+@contextmanager
+def _one_spooled(tmp_path: Path) -> Iterator[tuple[Store, Attempt, Spool, Ticket]]:
+    """A local store with an open attempt of KEY, and one entry of it spooled (``out.log``
+    tracked): ``(store, attempt, spool, ticket)``."""
+    with open_store(str(tmp_path / "store")) as store:
+        attempt = store.open_attempt(KEY)
+        spool = Spool(str(tmp_path / "spool"))
+        yield store, attempt, spool, _spooled(spool, store.url, attempt, tmp_path / "out.log")
 
 
 # -- the format -------------------------------------------------------------------------------
@@ -123,12 +160,9 @@ def test_an_entry_is_pending_only_once_its_ticket_exists(tmp_path: Path) -> None
 def test_the_entry_is_opened_up_to_the_sidecars_user(tmp_path: Path) -> None:
     spool = Spool(str(tmp_path / "spool"))
     log_file = tmp_path / "out.log"
-    log_file.write_bytes(b"abc")
-    entry = spool.new_entry(3)
-    fake_dump(spool.images_dir(entry), appended={str(log_file): 3})
+    entry = _dumped_entry(spool, log_file, b"abc", 3)
     os.chmod(Path(spool.images_dir(entry)) / "pages-1.img", 0o600)  # as CRIU leaves them
-    spool.hand_off(entry, key=KEY, store="file:///s", epoch=3, last_seq=3, parent_seq=None,
-                   compat={}, info={}, tracked_paths=[str(log_file)])
+    _hand_off(spool, entry, str(log_file))
     # Owner and the shared group (the pod's fsGroup) only: never world-readable (issue 15).
     for root, dirs, files in os.walk(spool.entry_path(entry)):
         assert stat.S_IMODE(os.stat(root).st_mode) == 0o2770, root
@@ -140,20 +174,14 @@ def test_the_entry_is_opened_up_to_the_sidecars_user(tmp_path: Path) -> None:
 def test_tracked_files_are_copied_up_to_their_dumped_size(tmp_path: Path) -> None:
     spool = Spool(str(tmp_path / "spool"))
     log_file = tmp_path / "out.log"
-    log_file.write_bytes(b"0123456789 and more written after the dump")
-    entry = spool.new_entry(3)
-    fake_dump(spool.images_dir(entry), appended={str(log_file): 10})
-    ticket = spool.hand_off(entry, key=KEY, store="file:///s", epoch=3, last_seq=3,
-                            parent_seq=None, compat={}, info={},
-                            tracked_paths=[str(log_file), str(tmp_path / "not-open")])
+    entry = _dumped_entry(spool, log_file, b"0123456789 and more written after the dump", 10)
+    ticket = _hand_off(spool, entry, str(log_file), str(tmp_path / "not-open"))
     assert ticket.tracked == (TrackedFile(str(log_file), 10),)
     assert (Path(spool.entry_path(entry)) / "files" / "0").read_bytes() == b"0123456789"
-    log_file.write_bytes(b"short")  # truncated since the dump: the hand-off says so
-    second = spool.new_entry(3)
-    fake_dump(spool.images_dir(second), appended={str(log_file): 10})
+    # Truncated since the dump: the hand-off says so.
+    second = _dumped_entry(spool, log_file, b"short", 10)
     with pytest.raises(ConfigError, match="shorter than its dumped size"):
-        spool.hand_off(second, key=KEY, store="file:///s", epoch=3, last_seq=3, parent_seq=None,
-                       compat={}, info={}, tracked_paths=[str(log_file)])
+        _hand_off(spool, second, str(log_file))
 
 
 def test_cancel_renames_the_ticket_and_remove_leaves_nothing(tmp_path: Path) -> None:
@@ -173,10 +201,7 @@ def test_cancel_renames_the_ticket_and_remove_leaves_nothing(tmp_path: Path) -> 
 # -- upload() against a real local store -------------------------------------------------------
 
 def test_upload_commits_as_the_attempts_next_snapshot(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        spool = Spool(str(tmp_path / "spool"))
-        ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
+    with _one_spooled(tmp_path) as (store, attempt, spool, ticket):
         result = spool_mod.upload(store, spool, ticket)
         assert (result.outcome, result.seq, result.epoch) == (UploadOutcome.COMMITTED,
                                                               attempt.epoch + 1, attempt.epoch)
@@ -218,10 +243,7 @@ def test_a_ticket_from_a_fenced_attempt_is_dropped(tmp_path: Path) -> None:
 
 
 def test_no_snapshot_is_committed_after_the_attempts_done(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        spool = Spool(str(tmp_path / "spool"))
-        ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
+    with _one_spooled(tmp_path) as (store, attempt, spool, ticket):
         attempt.finish()  # the step succeeded before the uploader got to the entry
         result = spool_mod.upload(store, spool, ticket)
         assert result.outcome is UploadOutcome.FINISHED
@@ -233,10 +255,7 @@ def test_a_done_that_lands_during_the_upload_wins(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor marks the key done while the uploader is writing packs: the uploader's
     snap record loses the create race at that seq, and says the step finished."""
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        spool = Spool(str(tmp_path / "spool"))
-        ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
+    with _one_spooled(tmp_path) as (store, attempt, spool, ticket):
         real = snap_mod.commit_dump
 
         def finish_first(*args: object, **kwargs: object) -> object:
@@ -256,10 +275,7 @@ def test_a_done_that_lands_during_the_upload_wins(tmp_path: Path,
 
 def test_an_entry_withdrawn_during_the_upload_is_not_committed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        spool = Spool(str(tmp_path / "spool"))
-        ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
+    with _one_spooled(tmp_path) as (store, attempt, spool, ticket):
         real = snap_mod.commit_dump
 
         def cancel_midway(*args: object, **kwargs: object) -> object:
@@ -272,10 +288,7 @@ def test_an_entry_withdrawn_during_the_upload_is_not_committed(
 
 
 def test_upload_is_idempotent_when_the_commit_landed_unreported(tmp_path: Path) -> None:
-    with open_store(str(tmp_path / "store")) as store:
-        attempt = store.open_attempt(KEY)
-        spool = Spool(str(tmp_path / "spool"))
-        ticket = _spooled(spool, store.url, attempt, tmp_path / "out.log")
+    with _one_spooled(tmp_path) as (store, attempt, spool, ticket):
         first = spool_mod.upload(store, spool, ticket)
         # The uploader died after the commit, before it wrote the result: the entry is
         # still there, and a restarted uploader takes it again.
@@ -292,12 +305,9 @@ def test_the_supervisor_marks_done_past_the_uploaders_commits(tmp_path: Path,
     """The supervisor's own log position is stale (the sidecar committed); an upload that was in
     flight even takes the seq after it caught up. Its done lands last, and drops everything."""
     with open_store(str(tmp_path / "store")) as store:
-        settings = RunSettings(store=store.url, key=str(KEY), argv=("true",),
-                               spool_dir=str(tmp_path / "spool"))
-        supervisor = Supervisor(settings)
-        supervisor._store = store
+        supervisor, spool = _supervisor(store, tmp_path)
         supervisor._attempt = attempt = store.open_attempt(KEY)
-        supervisor._spool = spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
+        supervisor._spool = spool  # type: ignore[assignment]
         committed = spool_mod.upload(store, spool, _spooled(spool, store.url, attempt,
                                                             tmp_path / "out.log"))
         in_flight = _spooled(spool, store.url, attempt, tmp_path / "out.log")
@@ -321,12 +331,8 @@ def test_the_supervisor_marks_done_past_the_uploaders_commits(tmp_path: Path,
 
 def test_fenced_means_the_supervisor_stops(tmp_path: Path) -> None:
     with open_store(str(tmp_path / "store")) as store:
-        settings = RunSettings(store=store.url, key=str(KEY), argv=("true",),
-                               spool_dir=str(tmp_path / "spool"))
-        supervisor = Supervisor(settings)
-        supervisor._store = store
+        supervisor, spool = _supervisor(store, tmp_path)
         supervisor._attempt = store.open_attempt(KEY)
-        spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
         client = supervisor._spool = SpoolClient(spool, account=supervisor._account_upload)
         client.epoch = supervisor._attempt.epoch
         store.open_attempt(KEY)
@@ -373,12 +379,8 @@ def test_a_starting_run_lets_the_uploader_finish_an_earlier_runs_entries(
 
 def test_a_final_dump_that_would_not_fit_withdraws_pending_entries(tmp_path: Path) -> None:
     with open_store(str(tmp_path / "store")) as store:
-        settings = RunSettings(store=store.url, key=str(KEY), argv=("true",),
-                               spool_dir=str(tmp_path / "spool"))
-        supervisor = Supervisor(settings)
-        supervisor._store = store
+        supervisor, spool = _supervisor(store, tmp_path)
         attempt = store.open_attempt(KEY)
-        spool = Spool(settings.spool_dir)  # type: ignore[arg-type]
         client = SpoolClient(spool, account=supervisor._account_upload)
         client.epoch = attempt.epoch
         pending = _spooled(spool, store.url, attempt, tmp_path / "out.log").entry
