@@ -7,7 +7,6 @@ snapshot is durable; rank 0 writes the final weights to OUT.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -17,16 +16,11 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.state import Checkpointer
+from tests.support.script_common import arguments
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--total", type=int, default=40)
-    parser.add_argument("--every", type=int, default=5)
-    args = parser.parse_args()
+    args = arguments().parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

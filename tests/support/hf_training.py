@@ -25,6 +25,8 @@ from transformers import (
 )
 
 from cairn.integrations.huggingface import CairnCallback, train
+from tests.support.script_common import SnapshotLines, seed
+from tests.support.script_common import arguments as script_arguments
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -43,56 +45,48 @@ class Report(TrainerCallback):
     """Prints what the test reads; must come after the CairnCallback in ``callbacks``."""
 
     def __init__(self, cairn: CairnCallback) -> None:
-        self.cairn = cairn
-        self.saved: int | None = None
-        self.committed: int | None = None
+        self.snapshots = SnapshotLines(cairn)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         print(f"start {state.global_step}", flush=True)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.cairn.saved_step != self.saved:
-            self.saved = self.cairn.saved_step
-            print(f"saved {self.saved}", flush=True)
-        committed = self.cairn.checkpointer.committed_step
-        if committed != self.committed:
-            self.committed = committed
-            print(f"committed {committed}", flush=True)
+        self.snapshots.report()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         if logs and "loss" in logs:
             print(f"loss {state.global_step - 1} {logs['loss']!r}", flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--every", type=int, default=5)
-    parser.add_argument("--accumulate", type=int, default=1)
-    args = parser.parse_args()
-
-    torch.manual_seed(1)
-    torch.set_num_threads(1)
+def run(args: argparse.Namespace, dataset: torch.utils.data.Dataset, **training: Any) -> int:
+    """Train a fresh one-layer GPT-2 on ``dataset`` for ``args.epochs`` through cairn (with
+    ``training`` added to the TrainingArguments), print ``end GLOBAL_STEP`` and write the
+    weights to ``args.out``."""
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
                         bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     cairn = CairnCallback(store=args.store, key=args.key, every_steps=args.every,
                           every_seconds=None)
     with tempfile.TemporaryDirectory() as output_dir:
-        training = TrainingArguments(
+        hf_args = TrainingArguments(
             output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=args.epochs,
-            gradient_accumulation_steps=args.accumulate, learning_rate=1e-3,
-            lr_scheduler_type="linear", warmup_steps=4, logging_steps=1, save_strategy="no",
-            report_to="none", seed=1, use_cpu=True, disable_tqdm=True)
-        trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(),
+            learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=4, logging_steps=1,
+            save_strategy="no", report_to="none", seed=1, use_cpu=True, disable_tqdm=True,
+            **training)
+        trainer = Trainer(model=model, args=hf_args, train_dataset=dataset,
                           callbacks=[cairn, Report(cairn)])
         result = train(trainer)
     print(f"end {result.global_step}", flush=True)
     torch.save(model.state_dict(), args.out)
     return 0
+
+
+def main() -> int:
+    parser = script_arguments("--epochs", default=3)
+    parser.add_argument("--accumulate", type=int, default=1)
+    args = parser.parse_args()
+    seed()
+    return run(args, RandomTokens(), gradient_accumulation_steps=args.accumulate)
 
 
 if __name__ == "__main__":

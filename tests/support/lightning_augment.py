@@ -13,20 +13,18 @@ STEP`` and ``end GLOBAL_STEP``; writes the final weights to OUT.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import random
 import sys
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.integrations.lightning import CairnCheckpoint
 from cairn.state.checkpointer import PersistMode
+from tests.support import lightning_training
 from tests.support.rng_training import GlobalNoise
+from tests.support.script_common import arguments, mlp, seed
 
 
 class Data(pl.LightningDataModule):
@@ -47,8 +45,7 @@ class Data(pl.LightningDataModule):
 class Module(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
-                                       torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+        self.net = mlp(0.2)
 
     def _loss(self, batch: Any) -> torch.Tensor:
         x, y = batch
@@ -76,18 +73,9 @@ class Module(pl.LightningModule):
         ]
 
 
-class Report(pl.Callback):
-    """Prints what the test reads; must come after the CairnCheckpoint in ``callbacks``."""
-
-    def __init__(self, cairn: CairnCheckpoint) -> None:
-        self.cairn = cairn
-        self.saved: int | None = None
-        self.committed: int | None = None
-        self.step = 0
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.step = trainer.global_step
-        print(f"start {trainer.global_step} {trainer.current_epoch}", flush=True)
+class Report(lightning_training.Report):
+    """Prints what the test reads, the lr and validation loss too; must come after the
+    CairnCheckpoint in ``callbacks``."""
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
@@ -95,55 +83,27 @@ class Report(pl.Callback):
         print(f"lr {trainer.global_step} {trainer.optimizers[0].param_groups[0]['lr']!r}",
               flush=True)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.step = trainer.global_step
-        print(f"loss {self.step - 1} {outputs['loss'].item():.10f}", flush=True)
-        self._report()
-
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             print(f"val {trainer.global_step - 1} {trainer.callback_metrics['val_loss'].item()!r}",
                   flush=True)
-            self._report()
-
-    def _report(self) -> None:
-        if self.cairn.saved_step != self.saved:
-            self.saved = self.cairn.saved_step
-            print(f"saved {self.saved}", flush=True)
-        committed = self.cairn.checkpointer.committed_step
-        if committed != self.committed:
-            self.committed = committed
-            print(f"committed {committed}", flush=True)
+            self.snapshots.report()
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--max-steps", type=int, default=40)
-    parser.add_argument("--every", type=int, default=10)
+    parser = arguments("--max-steps", every=10)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--inline", action="store_true",
                         help="persist on the training thread: durable when 'saved' prints")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="log %(name)s %(message)s",
-                        stream=sys.stdout)
-
-    torch.manual_seed(1)
-    np.random.seed(1)
-    random.seed(1)
-    torch.set_num_threads(1)
+    seed(global_rngs=True)
     options = {"persist": PersistMode.INLINE} if args.inline else {}
     cairn = CairnCheckpoint(store=args.store, key=args.key, every_steps=args.every,
                             every_seconds=None, **options)
-    trainer = pl.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, gradient_clip_val=1.0,
-                         val_check_interval=10, num_sanity_val_steps=0,
-                         callbacks=[cairn, Report(cairn)])
+    trainer = lightning_training.cpu_trainer(args.max_steps, gradient_clip_val=1.0,
+                                             val_check_interval=10, num_sanity_val_steps=0,
+                                             callbacks=[cairn, Report(cairn)])
     model = Module()
     trainer.fit(model, datamodule=Data(workers=args.workers, persistent=args.persistent))
     print(f"end {trainer.global_step}", flush=True)

@@ -11,7 +11,6 @@ durable and ``end GLOBAL_STEP`` when fit returns, and writes the final weights t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.integrations.lightning import CairnCheckpoint
+from tests.support.script_common import SnapshotLines, arguments, mlp, seed
 from tests.support.tiny_training import Noisy
 
 
@@ -27,8 +27,7 @@ class TinyModule(pl.LightningModule):
     def __init__(self, *, loader_generator: bool = True) -> None:
         super().__init__()
         self.loader_generator = loader_generator
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
-                                       torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+        self.net = mlp()
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -45,13 +44,18 @@ class TinyModule(pl.LightningModule):
                                   generator=generator)
 
 
+def cpu_trainer(max_steps: int, **options: Any) -> pl.Trainer:
+    """A CPU Trainer with no logger, Lightning checkpoints, progress bar or model summary."""
+    return pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, **options)
+
+
 class Report(pl.Callback):
     """Prints what the test reads; must come after the CairnCheckpoint in ``callbacks``."""
 
     def __init__(self, cairn: CairnCheckpoint) -> None:
-        self.cairn = cairn
-        self.saved: int | None = None
-        self.committed: int | None = None
+        self.snapshots = SnapshotLines(cairn)
         self.step = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -64,36 +68,22 @@ class Report(pl.Callback):
             return  # accumulating: no optimizer step yet
         self.step = trainer.global_step
         print(f"loss {self.step - 1} {outputs['loss'].item():.10f}", flush=True)
-        if self.cairn.saved_step != self.saved:
-            self.saved = self.cairn.saved_step
-            print(f"saved {self.saved}", flush=True)
-        committed = self.cairn.checkpointer.committed_step
-        if committed != self.committed:
-            self.committed = committed
-            print(f"committed {committed}", flush=True)
+        self.snapshots.report()
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--max-steps", type=int, default=40)
-    parser.add_argument("--every", type=int, default=5)
+    parser = arguments("--max-steps")
     parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
     parser.add_argument("--global-rng-loader", action="store_true",
                         help="no generator= on the loader: it seeds from the global RNG")
     args = parser.parse_args()
 
-    torch.manual_seed(1)
-    torch.set_num_threads(1)
+    seed()
     model = TinyModule(loader_generator=not args.global_rng_loader)
     cairn = CairnCheckpoint(store=args.store, key=args.key, every_steps=args.every,
                             every_seconds=None)
-    trainer = pl.Trainer(max_steps=args.max_steps, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accumulate_grad_batches=args.accumulate,
-                         callbacks=[cairn, Report(cairn)])
+    trainer = cpu_trainer(args.max_steps, accumulate_grad_batches=args.accumulate,
+                          callbacks=[cairn, Report(cairn)])
     trainer.fit(model)
     print(f"end {trainer.global_step}", flush=True)
     torch.save(model.state_dict(), args.out)

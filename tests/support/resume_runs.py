@@ -15,9 +15,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start(module: str, *args: str) -> subprocess.Popen[str]:
+def start(module: str, *args: str, stderr: int = subprocess.STDOUT) -> subprocess.Popen[str]:
+    """``python -m module *args`` from the repository root; its stderr goes to its stdout
+    unless ``stderr`` says otherwise (``subprocess.DEVNULL``)."""
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def finish(proc: subprocess.Popen[str]) -> list[str]:

@@ -13,8 +13,6 @@ Prints ``start STEP``, ``loss STEP VALUE``, ``saved STEP`` and ``committed STEP`
 
 from __future__ import annotations
 
-import argparse
-import logging
 import random
 import sys
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.state import Checkpointer
+from tests.support.script_common import arguments, mlp, seed, train
 
 
 class GlobalNoise(Dataset):
@@ -56,25 +55,14 @@ class UnseededStream(IterableDataset):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--total", type=int, default=40)
-    parser.add_argument("--every", type=int, default=5)
+    parser = arguments()
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--iterable", action="store_true")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="log %(name)s %(message)s",
-                        stream=sys.stdout)
 
-    torch.manual_seed(1)
-    np.random.seed(1)
-    random.seed(1)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                torch.nn.Linear(32, 1))
+    seed(global_rngs=True)
+    model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if args.iterable:
         loader = StatefulDataLoader(UnseededStream(), batch_size=16, num_workers=args.workers)
@@ -83,27 +71,7 @@ def main() -> int:
                                     num_workers=args.workers,
                                     persistent_workers=args.persistent and args.workers > 0)
     ckpt = Checkpointer(store=args.store, key=args.key, every_steps=args.every, every_seconds=None)
-    step = ckpt.restore(model=model, optimizer=opt, loader=loader)
-    print(f"start {step}", flush=True)
-    batches = iter(loader)
-    while step < args.total:
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            continue
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        print(f"loss {step} {loss.item():.10f}", flush=True)
-        committed = ckpt.committed_step
-        if ckpt.step(step):
-            print(f"saved {step}", flush=True)
-        if ckpt.committed_step != committed:
-            print(f"committed {ckpt.committed_step}", flush=True)
-        step += 1
+    train(ckpt, model, opt, loader, args.total, clip=1.0)
     torch.save(model.state_dict(), args.out)
     ckpt.close()
     return 0

@@ -9,7 +9,6 @@ reports it durable, and writes the final weights to OUT.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 
@@ -18,6 +17,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from cairn.state import Checkpointer
+from tests.support.script_common import arguments, mlp, seed, train
 
 
 class Noisy(Dataset):
@@ -53,12 +53,7 @@ class Noisy(Dataset):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("key")
-    parser.add_argument("out")
-    parser.add_argument("--total", type=int, default=48)
-    parser.add_argument("--every", type=int, default=5)
+    parser = arguments(default=48)
     parser.add_argument("--prev-handler", action="store_true",
                         help="install a SIGTERM handler first, as Airflow's task runner does")
     args = parser.parse_args()
@@ -69,36 +64,14 @@ def main() -> int:
 
         signal.signal(signal.SIGTERM, previous_handler)
 
-    torch.manual_seed(1)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                torch.nn.Linear(32, 1))
+    seed()
+    model = mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
     loader = StatefulDataLoader(Noisy(), batch_size=16, shuffle=True, num_workers=2,
                                 generator=torch.Generator().manual_seed(2))
     ckpt = Checkpointer(store=args.store, key=args.key, every_steps=args.every, every_seconds=None)
-    step = ckpt.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
-    print(f"start {step}", flush=True)
-    batches = iter(loader)
-    while step < args.total:
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            continue
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        print(f"loss {step} {loss.item():.10f}", flush=True)
-        committed = ckpt.committed_step
-        if ckpt.step(step):
-            print(f"saved {step}", flush=True)  # staged; the writer process commits it
-        if ckpt.committed_step != committed:
-            print(f"committed {ckpt.committed_step}", flush=True)
-        step += 1
+    train(ckpt, model, opt, loader, args.total, scheduler=sched)
     torch.save(model.state_dict(), args.out)
     ckpt.close()
     return 0

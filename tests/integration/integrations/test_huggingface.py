@@ -7,63 +7,28 @@ uninterrupted run: the same loss at every step after the resume point, the same 
 from __future__ import annotations
 
 import importlib
-import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support import resume_runs
+from tests.support.resume_runs import kill_after, losses, same_weights
+
 KEY = "dag/train/run-1/0"
 EPOCHS = 3
 BATCHES_PER_EPOCH = 12  # 96 sequences, batches of 8
 
 
 def train(store: Path, out: Path, *extra: str, epochs: int = EPOCHS) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.hf_training", str(store), KEY, str(out),
-         "--epochs", str(epochs), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return resume_runs.start("tests.support.hf_training", str(store), KEY, str(out),
+                             "--epochs", str(epochs), *extra, stderr=subprocess.DEVNULL)
 
 
 def finish(proc: subprocess.Popen[str]) -> list[str]:
-    try:
-        out, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # a hung run must not outlive the test
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, out[-2000:]
-    return [line for line in out.splitlines() if not line.startswith("{")]  # transformers' logs
-
-
-def kill_after(proc: subprocess.Popen[str], line: str) -> list[str]:
-    assert proc.stdout is not None
-    seen = []
-    for got in proc.stdout:
-        seen.append(got.strip())
-        if got.strip() == line:
-            proc.send_signal(signal.SIGKILL)
-            break
-    seen += [got.strip() for got in proc.stdout]
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, seen[-5:]
-    return seen
-
-
-def losses(lines: list[str]) -> dict[int, str]:
-    return {int(m[1]): m[2] for line in lines if (m := re.match(r"loss (\d+) (\S+)", line))}
-
-
-def same_weights(a: Path, b: Path) -> None:
-    import torch
-
-    want, got = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert want.keys() == got.keys()
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
+    """The run's lines but transformers' own (its logs, dicts printed to stdout)."""
+    return [line for line in resume_runs.finish(proc) if not line.startswith("{")]
 
 
 @pytest.mark.slow
@@ -151,8 +116,6 @@ def test_global_rng_augmentation_resumes_bit_identical(tmp_path: Path) -> None:
     the batches fetched before the snapshot (the step's own and the one accelerate fetches
     ahead) are fetched again after the resume from the same RNG states."""
     pytest.importorskip("transformers")
-    from tests.support import resume_runs
-
     def run(store: str, out: str) -> subprocess.Popen[str]:
         return resume_runs.start("tests.support.hf_augment", str(tmp_path / store), KEY,
                                  str(tmp_path / out), "--epochs", "2", "--every", "5")
@@ -177,8 +140,6 @@ def test_augmentation_in_workers_resumes_and_says_why_it_is_not_exact(tmp_path: 
     """transformers' DataLoader cannot save its workers' RNGs: the resume works, and says in
     one line why it is not bit-identical."""
     pytest.importorskip("transformers")
-    from tests.support import resume_runs
-
     def run() -> subprocess.Popen[str]:
         return resume_runs.start("tests.support.hf_augment", str(tmp_path / "store"), KEY,
                                  str(tmp_path / "out.pt"), "--epochs", "1", "--every", "4",

@@ -6,62 +6,21 @@ same loss at every step after the resume point, the same final weights."""
 from __future__ import annotations
 
 import importlib
-import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support.resume_runs import finish, kill_after, losses, same_weights, start
+
 KEY = "dag/train/run-1/0"
 MAX_STEPS = 40
 
 
 def fit(store: Path, out: Path, *extra: str, max_steps: int = MAX_STEPS) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.lightning_training", str(store), KEY, str(out),
-         "--max-steps", str(max_steps), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
-def finish(proc: subprocess.Popen[str]) -> list[str]:
-    try:
-        out, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # a hung run must not outlive the test
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, out[-2000:]
-    return out.splitlines()
-
-
-def kill_after(proc: subprocess.Popen[str], line: str) -> list[str]:
-    assert proc.stdout is not None
-    seen = []
-    for got in proc.stdout:
-        seen.append(got.strip())
-        if got.strip() == line:
-            proc.send_signal(signal.SIGKILL)
-            break
-    seen += [got.strip() for got in proc.stdout]
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, seen[-5:]
-    return seen
-
-
-def losses(lines: list[str]) -> dict[int, str]:
-    return {int(m[1]): m[2] for line in lines if (m := re.match(r"loss (\d+) (\S+)", line))}
-
-
-def same_weights(a: Path, b: Path) -> None:
-    import torch
-
-    want, got = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
-    assert want.keys() == got.keys()
-    for name in want:
-        assert torch.equal(want[name], got[name]), name
+    return start("tests.support.lightning_training", str(store), KEY, str(out),
+                 "--max-steps", str(max_steps), *extra, stderr=subprocess.DEVNULL)
 
 
 @pytest.mark.slow
@@ -118,7 +77,7 @@ def test_a_snapshot_wins_over_fit_ckpt_path(tmp_path: Path) -> None:
     import torch
 
     from cairn.integrations.lightning import CairnCheckpoint
-    from tests.support.lightning_training import TinyModule
+    from tests.support.lightning_training import TinyModule, cpu_trainer
 
     class Starts(pl.Callback):
         def __init__(self) -> None:
@@ -129,9 +88,7 @@ def test_a_snapshot_wins_over_fit_ckpt_path(tmp_path: Path) -> None:
 
     def run(max_steps: int, *callbacks: pl.Callback, ckpt_path: Path | None = None) -> pl.Trainer:
         torch.manual_seed(1)
-        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=list(callbacks))
+        trainer = cpu_trainer(max_steps, callbacks=list(callbacks))
         trainer.fit(TinyModule(), ckpt_path=ckpt_path)
         return trainer
 
@@ -147,19 +104,17 @@ def test_a_snapshot_wins_over_fit_ckpt_path(tmp_path: Path) -> None:
 
 def test_finish_marks_the_key_done(tmp_path: Path) -> None:
     """finish=True: a fit that succeeded ends the key's work (a done record, no snapshots)."""
-    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("lightning.pytorch")
     import torch
 
     from cairn.integrations.lightning import CairnCheckpoint
     from cairn.store import Key, open_store
     from cairn.store.slotlog import RecordKind
-    from tests.support.lightning_training import TinyModule
+    from tests.support.lightning_training import TinyModule, cpu_trainer
 
     torch.manual_seed(1)
     callback = CairnCheckpoint(store=str(tmp_path / "store"), key=KEY, every_steps=2, finish=True)
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[callback])
+    trainer = cpu_trainer(4, callbacks=[callback])
     trainer.fit(TinyModule())
     assert callback.saved_step == 3 and callback.checkpointer is None
     store = open_store(str(tmp_path / "store"), create=False)
@@ -192,16 +147,13 @@ def test_global_rng_augmentation_validation_and_plateau_resume_bit_identical(
     is durable, the rerun matches the uninterrupted fit at every step: loss, lr (every
     scheduler step, plateau included), validation loss at the same global steps, weights."""
     pytest.importorskip("lightning.pytorch")
-    from tests.support.resume_runs import finish as done
-    from tests.support.resume_runs import start
-
     module = "tests.support.lightning_augment"
     flags = [*options, "--every", "10", "--inline"]
     reference = start(module, str(tmp_path / "ref-store"), KEY, str(tmp_path / "ref.pt"), *flags)
     victim = start(module, str(tmp_path / "store"), KEY, str(tmp_path / "out.pt"), *flags)
     kill_after(victim, f"saved {kill_at}")
-    ref = done(reference)
-    lines = done(start(module, str(tmp_path / "store"), KEY, str(tmp_path / "out.pt"), *flags))
+    ref = finish(reference)
+    lines = finish(start(module, str(tmp_path / "store"), KEY, str(tmp_path / "out.pt"), *flags))
 
     def tagged(tag: str, of: list[str]) -> dict[int, str]:
         return {int(p[1]): p[2] for p in (line.split() for line in of) if p[0] == tag}
@@ -222,13 +174,13 @@ def test_a_plain_dataloader_resumes_and_says_why_it_is_not_exact(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A plain DataLoader cannot save its position: the retry resumes the weights and loops,
     restarts the epoch's data, and says so in one line."""
-    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("lightning.pytorch")
     import logging
 
     import torch
 
     from cairn.integrations.lightning import CairnCheckpoint
-    from tests.support.lightning_training import TinyModule
+    from tests.support.lightning_training import TinyModule, cpu_trainer
     from tests.support.tiny_training import Noisy
 
     class PlainLoader(TinyModule):
@@ -238,9 +190,7 @@ def test_a_plain_dataloader_resumes_and_says_why_it_is_not_exact(
     def run(max_steps: int) -> CairnCheckpoint:
         torch.manual_seed(1)
         callback = CairnCheckpoint(store=str(tmp_path / "store"), key=KEY, every_steps=2)
-        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[callback])
+        trainer = cpu_trainer(max_steps, callbacks=[callback])
         trainer.fit(PlainLoader())
         assert trainer.global_step == max_steps
         return callback
@@ -289,6 +239,7 @@ def test_a_loader_without_len_resumes_at_the_batch_fetched_ahead(
 
     from cairn.integrations.lightning import CairnCheckpoint
     from cairn.state.checkpointer import PersistMode
+    from tests.support.lightning_training import cpu_trainer
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -310,11 +261,8 @@ def test_a_loader_without_len_resumes_at_the_batch_fetched_ahead(
     def run(store: str, max_steps: int) -> Module:
         torch.manual_seed(1)
         module = Module()
-        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[CairnCheckpoint(
-                                 store=str(tmp_path / store), key=KEY, every_steps=2,
-                                 persist=PersistMode.INLINE)])
+        trainer = cpu_trainer(max_steps, callbacks=[CairnCheckpoint(
+            store=str(tmp_path / store), key=KEY, every_steps=2, persist=PersistMode.INLINE)])
         trainer.fit(module)
         return module
 
