@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +68,34 @@ def cairn_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return store
 
 
+def _sync_dags(*dags: Any) -> None:
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+        session.flush()
+        update_dag_parsing_results_in_db("dags-folder", None,
+                                         [LazyDeserializedDAG.from_dag(dag) for dag in dags], {},
+                                         None, set(), session=session)
+
+
+@pytest.fixture(scope="session")
+def sync_dags(airflow_db: Path) -> Callable[..., None]:
+    """``sync_dags(*dags)``: write DAGs built in a test to the metadata DB, as the
+    dag-processor does for DAG files."""
+    return _sync_dags
+
+
 class AirflowRunner:
     """Runs DAGs built in tests with ``dag.test()`` and reads back what they left."""
 
     def sync(self, dag: Any) -> None:
         """Write a DAG built in a test to the metadata DB (what the dag-processor does for a
         DAG file), so that ``dag.test()`` finds its serialized version."""
-        from airflow.dag_processing.bundles.manager import DagBundlesManager
-        from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-        from airflow.serialization.serialized_objects import LazyDeserializedDAG
-        from airflow.utils.session import create_session
-
-        with create_session() as session:
-            DagBundlesManager().sync_bundles_to_db(session=session)
-            session.flush()
-            update_dag_parsing_results_in_db("dags-folder", None,
-                                             [LazyDeserializedDAG.from_dag(dag)], {}, None, set(),
-                                             session=session)
+        _sync_dags(dag)
 
     def run(self, dag: Any, **kwargs: Any) -> Any:
         """``dag.test()`` after syncing the DAG; returns the finished DagRun."""
@@ -154,3 +167,101 @@ def kubeconfig(kubeconfig_for: Any) -> str:
 @pytest.fixture()
 def store_url(tmp_path: Path) -> str:
     return str(tmp_path / "store")
+
+
+# -- the snapshots page: its snapshots, a real api-server, a real browser -----------------------
+
+def _write_snapshots(store_url: str, key: tuple[str, str, str, str], marker: bytes,
+                     count: int) -> None:
+    from cairn.store import Key, SnapshotMode, open_store
+
+    with open_store(store_url) as store:
+        attempt = store.open_attempt(Key(key), note={"mode": "state"})
+        for step in range(count):
+            with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
+                snap.add_bytes("state.bin", marker * (step + 1))
+                snap.commit(step=step)
+
+
+@pytest.fixture(scope="session")
+def write_snapshots() -> Callable[[str, tuple[str, str, str, str], bytes, int], None]:
+    """``write_snapshots(store_url, (dag, task, run, map_index), marker, count)``: one attempt
+    of that key with ``count`` state snapshots (steps 0 on, ``marker`` repeated step+1 times)."""
+    return _write_snapshots
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _api_server(env: dict[str, str], log_path: Path, *, timeout: float) -> Iterator[str]:
+    import httpx
+
+    port = _free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
+             "--port", str(port), "--workers", "1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"api-server exited {proc.returncode}:\n"
+                                   f"{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"api-server not healthy:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def serve_api() -> Callable[..., AbstractContextManager[str]]:
+    """``with serve_api(env, log_path, timeout=S) as base:`` a real ``airflow api-server`` on
+    a free port of 127.0.0.1 with ``env``, healthy within S seconds (or RuntimeError with its
+    log), stopped after; ``base`` is its URL."""
+    return _api_server
+
+
+@contextmanager
+def _chromium(window_size: str) -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("Debian's chromium and chromium-driver are not installed: run "
+                    "scripts/install_chromium.sh")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={window_size}"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+@pytest.fixture(scope="session")
+def open_chromium() -> Callable[[str], AbstractContextManager[Any]]:
+    """``with open_chromium("1280,1000") as browser:`` Debian's headless Chromium (with its
+    chromedriver) through selenium; skips when it or selenium is missing."""
+    return _chromium

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -84,22 +80,9 @@ def _training_dag():  # noqa: ANN202 - an Airflow DAG
     return dag
 
 
-def _sync(dag: Any) -> None:
-    """Serialize a DAG built here into the metadata DB, as the dag-processor would."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-        session.flush()
-        update_dag_parsing_results_in_db("dags-folder", None, [LazyDeserializedDAG.from_dag(dag)],
-                                         {}, None, set(), session=session)
-
-
 @pytest.fixture(scope="module")
-def run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory,
+        sync_dags: Callable[..., None]) -> Iterator[Run]:
     """The DAG run, the store it wrote, and the environment of an authenticated Airflow."""
     import torch
 
@@ -126,7 +109,7 @@ def run(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         for name, value in env.items():
             mp.setenv(name, value)
         dag = _training_dag()
-        _sync(dag)
+        sync_dags(dag)
         dag_run = dag.test()
         torch.set_num_threads(threads)
         assert dag_run.state == "success"
@@ -224,70 +207,19 @@ def test_the_page_and_deep_verify(client: Any, run: Run) -> None:
 
 # -- a real api-server and a real browser --------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def api_server(run: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import httpx
-
-    port = _free_port()
+def api_server(run: Run, tmp_path_factory: pytest.TempPathFactory,
+               serve_api: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("api-server") / "api-server.log"
-    env = {**os.environ, **run.env}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
-             "--port", str(port), "--workers", "1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"api-server exited {proc.returncode}:\n"
-                                   f"{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"api-server not healthy:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with serve_api({**os.environ, **run.env}, log_path, timeout=120) as base:
         yield base
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's, with its chromedriver); skips, before any server starts,
-    when it or selenium is missing."""
-    webdriver = pytest.importorskip("selenium.webdriver")
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("Debian's chromium and chromium-driver are not installed: run "
-                    "scripts/install_chromium.sh")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1100"):
-        options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
-    try:
+def browser(open_chromium: Callable[[str], AbstractContextManager[Any]]) -> Iterator[Any]:
+    """Headless Chromium; skips, before any server starts, when it or selenium is missing."""
+    with open_chromium("1280,1100") as browser:
         yield browser
-    finally:
-        browser.quit()
 
 
 def test_a_browser_logs_in_and_sees_the_snapshots(browser: Any, api_server: str,

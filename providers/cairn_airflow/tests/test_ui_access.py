@@ -15,7 +15,7 @@ deep verification needs edit access and is rate-limited per task, discard needs 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -62,24 +62,10 @@ def _dag(dag_id: str, conn_id: str | None = None) -> Any:
     return dag
 
 
-def _snapshots(store_url: str, dag_id: str, marker: bytes, count: int) -> None:
-    from cairn.store import Key, SnapshotMode, open_store
-
-    with open_store(store_url) as store:
-        attempt = store.open_attempt(Key((dag_id, TASK_ID, RUN_ID, "-1")), note={"mode": "state"})
-        for step in range(count):
-            with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
-                snap.add_bytes("state.bin", marker * (step + 1))
-                snap.commit(step=step)
-
-
 @pytest.fixture(scope="module")
-def stores(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
+def stores(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory,
+           write_snapshots: Callable[..., None],
+           sync_dags: Callable[..., None]) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("cairn-ui-access")
     paths = {name: root / f"store-{name}" for name in ("own", "team_b", "shared")}
     passwords = root / "passwords.json"
@@ -100,19 +86,13 @@ def stores(airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
-        with create_session() as session:
-            DagBundlesManager().sync_bundles_to_db(session=session)
-            session.flush()
-            update_dag_parsing_results_in_db(
-                "dags-folder", None,
-                [LazyDeserializedDAG.from_dag(d) for d in (_dag(MINE), _dag(OTHER),
-                                                           _dag(TEAM_B_DAG, "team_b"))],
-                {}, None, set(), session=session)
-        _snapshots(str(paths["own"]), MINE, b"own", 2)
-        _snapshots(str(paths["own"]), OTHER, b"other-dag", 1)
-        _snapshots(str(paths["team_b"]), MINE, b"team-b-secret", 3)
-        _snapshots(str(paths["shared"]), MINE, b"shared", 3)
-        _snapshots(str(paths["team_b"]), TEAM_B_DAG, b"team-b-own", 2)
+        sync_dags(_dag(MINE), _dag(OTHER), _dag(TEAM_B_DAG, "team_b"))
+        for store, dag_id, marker, count in [("own", MINE, b"own", 2),
+                                             ("own", OTHER, b"other-dag", 1),
+                                             ("team_b", MINE, b"team-b-secret", 3),
+                                             ("shared", MINE, b"shared", 3),
+                                             ("team_b", TEAM_B_DAG, b"team-b-own", 2)]:
+            write_snapshots(str(paths[store]), (dag_id, TASK_ID, RUN_ID, "-1"), marker, count)
         yield paths
 
 

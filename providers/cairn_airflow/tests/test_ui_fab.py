@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -41,17 +39,6 @@ def _dag(dag_id: str) -> Any:
     return dag
 
 
-def _snapshots(store_url: str, dag_id: str, marker: bytes, count: int) -> None:
-    from cairn.store import Key, SnapshotMode, open_store
-
-    with open_store(store_url) as store:
-        attempt = store.open_attempt(Key((dag_id, TASK_ID, RUN_ID, "-1")), note={"mode": "state"})
-        for step in range(count):
-            with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
-                snap.add_bytes("state.bin", marker * (step + 1))
-                snap.commit(step=step)
-
-
 # Airflow's own CLI commands, run in one interpreter (each `airflow` start costs seconds).
 _CLI = """
 import sys
@@ -70,46 +57,20 @@ def _airflow(env: dict[str, str], *commands: list[str]) -> None:
                                    f"{result.stderr[-3000:]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's, with its chromedriver); skips, before any server starts,
-    when it, selenium or the FAB provider is missing."""
+def browser(open_chromium: Callable[[str], AbstractContextManager[Any]]) -> Iterator[Any]:
+    """Headless Chromium; skips, before any server starts, when it, selenium or the FAB
+    provider is missing."""
     pytest.importorskip("airflow.providers.fab.auth_manager.fab_auth_manager")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("Debian's chromium and chromium-driver are not installed: run "
-                    "scripts/install_chromium.sh")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000"):
-        options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
-    try:
+    with open_chromium("1280,1000") as browser:
         yield browser
-    finally:
-        browser.quit()
 
 
 @pytest.fixture(scope="module")
-def fab_server(browser: Any, airflow_db: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    import httpx
-
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
+def fab_server(browser: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathFactory,
+               serve_api: Callable[..., AbstractContextManager[str]],
+               write_snapshots: Callable[..., None],
+               sync_dags: Callable[..., None]) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("cairn-fab")
     own, team_b = root / "store-own", root / "store-team-b"
     env = {
@@ -122,15 +83,10 @@ def fab_server(browser: Any, airflow_db: Path,
         "AIRFLOW__API_AUTH__JWT_SECRET": "cairn-fab-test-" + "0123456789abcdef" * 4,
         "AIRFLOW__API__SECRET_KEY": "cairn-fab-test-secret-key",
     }
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-        session.flush()
-        update_dag_parsing_results_in_db(
-            "dags-folder", None, [LazyDeserializedDAG.from_dag(_dag(d)) for d in (MINE, OTHER)],
-            {}, None, set(), session=session)
-    _snapshots(str(own), MINE, b"own", 2)
-    _snapshots(str(own), OTHER, b"other-dag", 1)
-    _snapshots(str(team_b), MINE, b"team-b-secret", 3)
+    sync_dags(_dag(MINE), _dag(OTHER))
+    write_snapshots(str(own), (MINE, TASK_ID, RUN_ID, "-1"), b"own", 2)
+    write_snapshots(str(own), (OTHER, TASK_ID, RUN_ID, "-1"), b"other-dag", 1)
+    write_snapshots(str(team_b), (MINE, TASK_ID, RUN_ID, "-1"), b"team-b-secret", 3)
 
     _airflow(env, ["fab-db", "migrate"], ["sync-perm", "--include-dags"],
              ["roles", "create", ROLE],
@@ -139,36 +95,9 @@ def fab_server(browser: Any, airflow_db: Path,
              ["users", "create", "--username", USER, "--password", PASSWORD, "--role", ROLE,
               "--email", "onedag@example.com", "--firstname", "One", "--lastname", "Dag"])
 
-    port = _free_port()
     log_path = root / "api-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
-             "--port", str(port), "--workers", "1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"api-server exited {proc.returncode}:\n"
-                                   f"{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"api-server not healthy:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with serve_api(env, log_path, timeout=180) as base:
         yield {"base": base, "team_b": team_b, "own": own, "log": log_path}
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
 
 
 def _page(dag_id: str, **extra: str) -> str:
