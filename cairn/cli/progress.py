@@ -1,4 +1,4 @@
-"""Human-readable sizes and a dependency-free progress bar for long transfers."""
+"""A dependency-free progress bar for long transfers (sizes: :mod:`cairn.runtime.units`)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ import sys
 import time
 from typing import TextIO
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from cairn.runtime.units import human_size
 
-
-def human_size(n: float) -> str:
-    """``1536`` → ``1.5 KiB``."""
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["ProgressBar", "human_size"]
 
 
 class ProgressBar:

@@ -1,15 +1,17 @@
 """Kubernetes: the pod-spec transform, the ``cairn sidecar`` entrypoint, preemption watchers.
 
-``from cairn.k8s import with_snapshot_sidecar``. Importing this package pulls in nothing heavy
-(the ``kubernetes`` client is optional and imported only when a ``V1Pod`` is passed), since the
-its watchers and sidecar are imported by the Airflow provider, which must stay light.
+``from cairn.k8s import with_snapshot_sidecar``: this package's names (``__all__``) are public
+API, for the integrations too; its modules are not. Importing this package pulls in nothing
+heavy (the ``kubernetes`` client is optional and imported only when a ``V1Pod`` is passed): the
+Airflow provider imports it, and must stay light.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PodMode", "Staging", "node_reader_rbac", "with_snapshot_sidecar"]
+__all__ = ["PodMode", "Staging", "coerce_option", "node_reader_rbac", "to_v1pod",
+           "with_snapshot_sidecar"]
 
 
 def __getattr__(name: str) -> Any:

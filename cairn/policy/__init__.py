@@ -9,6 +9,9 @@ left out, no I/O except :meth:`History.from_store`. Imports neither Kubernetes n
 ``plan_resume(History.from_store(store, key), ResumePolicy(...))`` says which snapshots the
 next try may restore and whether it should run at all (errors versus preemptions, a crash
 loop's guard); :func:`after_try` whether an ended try retries, stops or is rescheduled.
+
+This package's names (``__all__``) are public API, for the integrations too; its modules are
+not.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from cairn.policy.decide import (
     summarize,
 )
 from cairn.policy.history import History
-from cairn.policy.options import CapacityOption, check_options
+from cairn.policy.options import MAINTENANCE_LABEL, CapacityOption, check_options
 from cairn.policy.resume import AfterTry, ResumeOn, ResumePlan, ResumePolicy, after_try, plan_resume
 
 __all__ = [
+    "MAINTENANCE_LABEL",
     "AfterTry",
     "CapacityOption",
     "History",

@@ -1,9 +1,13 @@
-"""The snapshot store: slot log, manifests, chunks in packs, backends, verify, retention, GC."""
+"""The snapshot store: slot log, manifests, chunks in packs, backends, verify, retention, GC.
+
+This package's names (``__all__``) are public API, for the integrations too; its modules are
+not."""
 
 from __future__ import annotations
 
 from cairn.store.keys import Key
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
+from cairn.store.slotlog import Record, RecordKind
 from cairn.store.store import (
     Attempt,
     RestoreResult,
@@ -21,6 +25,8 @@ __all__ = [
     "FileEntry",
     "Key",
     "Manifest",
+    "Record",
+    "RecordKind",
     "RestoreResult",
     "SnapshotInfo",
     "SnapshotMode",

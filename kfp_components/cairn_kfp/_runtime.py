@@ -190,9 +190,8 @@ def _cairn_result_name(key: str, run_id: str) -> str:
     <run id>.json`` (``@`` is always escaped in key components and in batch_inference's output
     names, so nothing else lands there)."""
     from cairn import Key
-    from cairn.store.keys import encode_component
 
-    return ("outputs/" + Key.parse(key).path + "/@kfp-result/" + encode_component(run_id)
+    return ("outputs/" + Key.parse(key).path + "/@kfp-result/" + Key((run_id,)).path
             + ".json")
 
 

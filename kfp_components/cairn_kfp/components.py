@@ -56,8 +56,11 @@ def batch_inference(predictor: str, inputs: Input[Dataset], results: Output[Data
     import json
     import os
 
+    from cairn import Key
     from cairn.exceptions import AlreadyExists
-    from cairn.store.keys import encode_component
+
+    def encode_component(name: str) -> str:  # as a key component is spelled in a store path
+        return Key((name,)).path
 
     module_name, _, name = predictor.partition(":")
     if not module_name or not name:

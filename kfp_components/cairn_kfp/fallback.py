@@ -38,8 +38,7 @@ from kfp.dsl.pipeline_channel import PipelineChannel
 from kfp.dsl.types import type_utils
 
 from cairn.exceptions import ConfigError
-from cairn.policy import CapacityOption
-from cairn.policy.options import MAINTENANCE_LABEL
+from cairn.policy import MAINTENANCE_LABEL, CapacityOption
 from cairn.runtime import env as contract
 from cairn_kfp.component import CairnComponent
 from cairn_kfp.kubernetes import set_retries, use_spot_nodes

@@ -9,6 +9,7 @@ module-level imports, function-local ones, ``TYPE_CHECKING`` blocks and
 from __future__ import annotations
 
 import ast
+import importlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,19 +40,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
 
-#: What the integrations still import from below the public API and the runtime layer. Issue
-#: 14 moves these behind the try object; this list may only shrink (a new entry fails).
-INTEGRATION_DEBT: frozenset[tuple[str, str]] = frozenset({
-    ("cairn_airflow", "cairn.cli.progress"),
-    ("cairn_airflow", "cairn.k8s.transform"),
-    ("cairn_airflow", "cairn.policy"),
-    ("cairn_airflow", "cairn.policy.decide"),
-    ("cairn_airflow", "cairn.store"),
-    ("cairn_airflow", "cairn.store.slotlog"),
-    ("cairn_kfp", "cairn.policy"),
-    ("cairn_kfp", "cairn.policy.options"),
-    ("cairn_kfp", "cairn.store.keys"),
-})
+#: What the integrations may import: the public API (the top-level package and the package
+#: facades whose ``__all__`` the README documents: ``cairn.store``, ``cairn.policy``,
+#: ``cairn.k8s``; never their modules), the errors, the runtime layer and the try object.
+PUBLIC_PACKAGES = frozenset({"cairn", "cairn.store", "cairn.policy", "cairn.k8s"})
+PUBLIC_PREFIXES = ("cairn.exceptions", "cairn.runtime", "cairn.tries")
 
 
 @dataclass(frozen=True)
@@ -119,9 +112,26 @@ def all_imports() -> list[Import]:
 
 
 def submodule_names(target: str, names: tuple[str, ...]) -> list[str]:
-    """``from cairn.store import keys`` imports the module ``cairn.store.keys``."""
-    return [f"{target}.{n}" for n in names if (ROOT / "cairn").exists()
-            and _is_module(f"{target}.{n}")]
+    """``from cairn.store import keys`` imports the module ``cairn.store.keys`` (unless the
+    package exports a name ``keys`` of its own in ``__all__``)."""
+    exported = package_all(target)
+    return [f"{target}.{n}" for n in names if n not in exported and _is_module(f"{target}.{n}")]
+
+
+def package_all(dotted: str) -> frozenset[str]:
+    """The names in a package's ``__all__`` (empty for a module or a package without one)."""
+    top, *rest = dotted.split(".")
+    init = SOURCES[top].joinpath(*rest, "__init__.py") if top in SOURCES else None
+    if init is None or not init.exists():
+        return frozenset()
+    for node in ast.parse(init.read_text()).body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                 for t in node.targets)):
+            try:
+                return frozenset(ast.literal_eval(node.value))
+            except ValueError:  # computed (cairn's own): the package is light to import
+                return frozenset(importlib.import_module(dotted).__all__)
+    return frozenset()
 
 
 def _is_module(dotted: str) -> bool:
@@ -194,15 +204,15 @@ def test_no_private_name_crosses_a_package() -> None:
     assert private == []
 
 
-PUBLIC_FOR_INTEGRATIONS = ("cairn", "cairn.exceptions", "cairn.runtime", "cairn.tries")
+def is_public_for_integrations(edge: Import) -> bool:
+    if edge.target in PUBLIC_PACKAGES:
+        exported = package_all(edge.target) if edge.target != "cairn" else None
+        return exported is None or not exported or set(edge.names) <= exported
+    return any(edge.target == p or edge.target.startswith(p + ".") for p in PUBLIC_PREFIXES)
 
 
 def test_integrations_import_only_the_public_api_and_the_runtime_layer() -> None:
-    found = {(e.source_package, e.target) for e in EDGES
+    below = [describe(e) + f" {list(e.names)}" for e in EDGES
              if e.source_package in ("cairn_airflow", "cairn_kfp")
-             and e.target.split(".")[0] == "cairn"
-             and not any(e.target == p or e.target.startswith(p + ".")
-                         for p in PUBLIC_FOR_INTEGRATIONS[1:])
-             and e.target != "cairn"}
-    assert sorted(found - INTEGRATION_DEBT) == [], "new imports below the public API"
-    assert sorted(INTEGRATION_DEBT - found) == [], "paid off: remove them from INTEGRATION_DEBT"
+             and e.target.split(".")[0] == "cairn" and not is_public_for_integrations(e)]
+    assert below == []

@@ -208,7 +208,7 @@ class CairnRunOperator(SerializesCairnConnection, BaseOperator):
                                 "resume_plan": plan_reason}
         try:
             from cairn import open_store
-            from cairn.store.slotlog import RecordKind
+            from cairn.store import RecordKind
 
             with open_store(url, create=False) as store:
                 history = store.history(key)

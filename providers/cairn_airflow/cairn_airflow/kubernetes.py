@@ -384,7 +384,7 @@ class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperato
                  transform_options: Mapping[str, Any] | None = None,
                  resume_on: str = "any_failure", max_error_retries: int | None = None,
                  loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
-        from cairn.k8s.transform import PodMode, Staging, coerce_option
+        from cairn.k8s import PodMode, Staging, coerce_option
 
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
@@ -477,7 +477,7 @@ class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperato
         """The in-place change cairn makes to the built pod (before the administrator's hook)."""
         from kubernetes.client import ApiClient
 
-        from cairn.k8s.transform import to_v1pod, with_snapshot_sidecar
+        from cairn.k8s import to_v1pod, with_snapshot_sidecar
 
         def mutate(pod: Any) -> None:
             manifest = ApiClient().sanitize_for_serialization(pod)

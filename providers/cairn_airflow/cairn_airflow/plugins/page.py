@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from urllib.parse import urlencode
 
-from cairn.cli.progress import human_size
+from cairn.runtime.units import human_size
 from cairn_airflow.plugins.report import TaskReport
 
 # Colors of successive attempts on the chart (Airflow-like, readable on white).

@@ -24,8 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from cairn.exceptions import CorruptSnapshot, StoreError
-from cairn.store import Key, Store
-from cairn.store.slotlog import Record, RecordKind
+from cairn.store import Key, Record, RecordKind, Store
 
 
 @dataclass(frozen=True)
