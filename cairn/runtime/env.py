@@ -70,7 +70,7 @@ PLACEMENT_REASON = Var("CAIRN_PLACEMENT_REASON", "why the try was placed there (
                        "the placement policy", "outcome records")
 TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "more directories (os.pathsep-separated) whose files a "
                   "process snapshot may track and a restore may write, besides the working "
-                  "directory and cairn's log directory", "the user, the integrations",
+                  "directory and cairn's log directory", "the user (an operator's env= too)",
                   "process mode (dump and restore)")
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
