@@ -286,14 +286,28 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
             deep_limit.take((dag_id, task_id, run_id, index))
         return index, chosen
 
-    @app.get(API_PATH, dependencies=can_read)
-    def snapshots_json(request: Request, session: SessionDep, user: GetUserDep,
-                       ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
-                       conn_id: str | None = None) -> JSONResponse:
+    def authorized_report(request: Request, user: Any, session: Any, ti: Ti, verify: Verify,
+                          conn_id: str | None) -> tuple[int, str, Any]:
+        """The map index, the connection chosen and the report, once ``allowed`` passed."""
         dag_id, task_id, run_id, _ = ti
         index, chosen = allowed(request, user, session, ti, verify, conn_id)
         report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=chosen,
                        session=session)
+        return index, chosen, report
+
+    def authorized_discard(request: Request, user: Any, session: Any, ti: Ti,
+                           conn_id: str | None) -> tuple[int, str, Any, int]:
+        """The map index, the connection chosen, the key and the snapshots removed."""
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
+        key, removed = discard(dag_id, task_id, run_id, index, conn_id=chosen)
+        return index, chosen, key, removed
+
+    @app.get(API_PATH, dependencies=can_read)
+    def snapshots_json(request: Request, session: SessionDep, user: GetUserDep,
+                       ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
+                       conn_id: str | None = None) -> JSONResponse:
+        _, _, report = authorized_report(request, user, session, ti, verify, conn_id)
         return JSONResponse(report.to_json())
 
     @app.get(PAGE_PATH, dependencies=can_read, response_class=HTMLResponse)
@@ -303,9 +317,7 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
         from cairn_airflow.plugins.page import page_links, render_page
 
         dag_id, task_id, run_id, _ = ti
-        index, chosen = allowed(request, user, session, ti, verify, conn_id)
-        report = build(dag_id, task_id, run_id, index, verify=verify, conn_id=chosen,
-                       session=session)
+        index, chosen, report = authorized_report(request, user, session, ti, verify, conn_id)
         names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
                  "map_index": str(index)}
         if conn_id is not None:
@@ -321,9 +333,7 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
     def discard_json(request: Request, session: SessionDep, user: GetUserDep,
                      ti: Annotated[Ti, Depends(ti_query)],
                      conn_id: str | None = None) -> JSONResponse:
-        dag_id, task_id, run_id, _ = ti
-        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
-        key, removed = discard(dag_id, task_id, run_id, index, conn_id=chosen)
+        _, _, key, removed = authorized_discard(request, user, session, ti, conn_id)
         return JSONResponse({"key": str(key), "snapshots_removed": removed})
 
     @app.post(PAGE_PATH + "/discard", dependencies=can_discard)
@@ -331,8 +341,7 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
                      ti: Annotated[Ti, Depends(ti_query)],
                      conn_id: str | None = None) -> RedirectResponse:
         dag_id, task_id, run_id, _ = ti
-        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
-        _, removed = discard(dag_id, task_id, run_id, index, conn_id=chosen)
+        index, chosen, _, removed = authorized_discard(request, user, session, ti, conn_id)
         names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
                  "map_index": str(index), "discarded": str(removed)}
         if conn_id is not None:
