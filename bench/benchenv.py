@@ -1,4 +1,4 @@
-"""What every bench script needs from the machine: the page cache, the load, durable files.
+"""What every bench script needs: the page cache, the load, durable files, where time goes.
 
 Imported by the bench scripts as ``benchenv`` (``bench/`` is on ``sys.path`` when a script in
 it runs).
@@ -6,8 +6,16 @@ it runs).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def drop_caches() -> bool:
@@ -39,3 +47,99 @@ def remove(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.exists(path):
         os.unlink(path)
+
+
+# -- where time goes ----------------------------------------------------------------------------
+
+
+class Timers:
+    """Seconds spent per activity, from any thread, split into the calling thread's and the
+    others' (a pool's): only the calling thread's add up to the wall time of what it ran;
+    the pool's overlap it and each other, so they are reported apart, as busy time."""
+
+    def __init__(self) -> None:
+        self.caller = threading.get_ident()
+        self.main: dict[str, float] = {}
+        self.pool: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._depth = threading.local()
+
+    def add(self, name: str, seconds: float) -> None:
+        table = self.main if threading.get_ident() == self.caller else self.pool
+        with self._lock:
+            table[name] = table.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        """Time the block as ``name``, unless it runs inside another timed block on this
+        thread (a timed fsync inside a timed fsync_dir): each second is counted once."""
+        depth = getattr(self._depth, "value", 0)
+        self._depth.value = depth + 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._depth.value = depth
+            if depth == 0:
+                self.add(name, time.perf_counter() - start)
+
+    def timed(self, name: str, fn: Callable[..., T]) -> Callable[..., T]:
+        """``fn`` with every call's time added to ``name``."""
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            with self.timing(name):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+@contextlib.contextmanager
+def timed_attributes(timers: Timers, targets: Iterable[tuple[Any, str, str]]) -> Iterator[None]:
+    """Time every call of ``owner.attribute`` (a module's function, a class's or one object's
+    method) as activity ``name`` while the block runs, for each ``(owner, attribute, name)``.
+    A target that is missing (the library moved it) is skipped: that part reads 0 and the
+    breakdown's ``other`` grows, rather than the bench failing."""
+    undo: list[Callable[[], None]] = []
+    try:
+        for owner, attribute, name in targets:
+            own = attribute in vars(owner)
+            if not own and not hasattr(owner, attribute):
+                continue
+            # A class's own entry is the plain function (it binds again when wrapped); an
+            # object's or a module's is what getattr gives.
+            raw = vars(owner)[attribute] if own and isinstance(owner, type) \
+                else getattr(owner, attribute)
+            if isinstance(raw, (staticmethod, classmethod)) or not callable(raw):
+                continue
+            setattr(owner, attribute, timers.timed(name, raw))
+            undo.append(functools.partial(setattr, owner, attribute, raw) if own
+                        else functools.partial(delattr, owner, attribute))
+        yield
+    finally:
+        for restore in reversed(undo):
+            restore()
+
+
+def breakdown(total_s: float, parts: dict[str, float], pool: dict[str, float] | None = None,
+              *, rest: str = "other") -> dict[str, Any]:
+    """``parts`` (seconds on the timed thread) and ``rest`` (what is left of ``total_s``), so
+    that the parts add up to the total; ``pool``: busy seconds on other threads, overlapping
+    the total (their sum can exceed it)."""
+    out: dict[str, Any] = {"total_s": round(total_s, 4)}
+    shown = {k: round(v, 4) for k, v in parts.items()}
+    shown[rest] = round(total_s - sum(parts.values()), 4)
+    out["parts_s"] = shown
+    if pool:
+        out["pool_busy_s"] = {k: round(v, 4) for k, v in pool.items()}
+    return out
+
+
+def mean_breakdown(runs: list[tuple[float, Timers]], *, rest: str = "other") -> dict[str, Any]:
+    """:func:`breakdown` of the mean over ``runs`` (each its total seconds and its Timers)."""
+    count = max(1, len(runs))
+    total = sum(seconds for seconds, _ in runs) / count
+
+    def mean(table: Callable[[Timers], dict[str, float]]) -> dict[str, float]:
+        names = sorted({name for _, timers in runs for name in table(timers)})
+        return {n: sum(table(t).get(n, 0.0) for _, t in runs) / count for n in names}
+
+    return breakdown(total, mean(lambda t: t.main), mean(lambda t: t.pool), rest=rest)
