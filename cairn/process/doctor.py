@@ -503,7 +503,13 @@ def _run_nvidia_smi(smi: str) -> tuple[str | None, str]:
     return done.stdout, ""
 
 
-def _cgroup_memory(read: Reader, version: CgroupVersion) -> CgroupMemory | None:
+def cgroup_memory(read: Reader = read_text) -> CgroupMemory | None:
+    """This process's memory cgroup (v1 or v2), read through ``read``; None when there is
+    none to read (no cgroup filesystem, or the root cgroup, which has no limit file)."""
+    mounts = read("/proc/self/mounts")
+    if mounts is None:
+        return None
+    version = parse_cgroup_version(mounts)
     proc_cgroup = read("/proc/self/cgroup")
     files = memory_cgroup_files(proc_cgroup, version) if proc_cgroup else None
     if files is None:
@@ -551,6 +557,6 @@ def run_doctor(*, preflight: bool = False, read: Reader = read_text,
     nvidia, gpus = check_nvidia(smi, smi_output, smi_error, read("/proc/driver/nvidia/version"))
     checks.append(nvidia)
 
-    cgroup = _cgroup_memory(read, parse_cgroup_version(mounts)) if mounts else None
+    cgroup = cgroup_memory(read)
     checks.append(check_memory(read("/proc/meminfo"), gpus, preflight=preflight, cgroup=cgroup))
     return DoctorReport(tuple(checks), preflight)

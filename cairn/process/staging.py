@@ -1,0 +1,242 @@
+"""Where a dump's staging directory goes: memory (tmpfs) when the image fits there, else disk.
+
+CRIU keeps the workload frozen until it has written every page into the image directory, so
+the medium of that directory sets the frozen time: on tmpfs a page costs one memory copy, on
+disk it also costs the page cache's share of the disk (ADR 0020). A memory-backed directory
+holds the whole image in RAM until the ingest is done, though, and that RAM is charged to the
+memory cgroup of the step: staging there is only safe when the headroom covers the image.
+
+The policy (:class:`StagingMedium`) is checked per dump, against the image the last dump
+wrote (an estimate before the first one):
+
+* ``DISK``: always the work directory's ``staging/``;
+* ``MEMORY``: always the memory directory (a warning when the headroom looks too small);
+* ``AUTO``: memory when :func:`memory_headroom` ≥ :data:`MEMORY_FACTOR` × the expected image,
+  else disk.
+
+The memory directory is ``/dev/shm/cairn-<run>``, or the work directory's own ``staging/``
+when that is already on tmpfs (a memory-backed ``emptyDir``). Every function takes the
+directories it looks at (and a ``root`` for ``/proc`` and ``/sys``) as arguments, so tests can
+point them at a fake tree; the defaults are the real ones.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+
+from cairn.exceptions import ConfigError
+from cairn.process.doctor import cgroup_memory, parse_meminfo, read_text
+from cairn.runtime.units import human_size
+
+# Headroom a memory-staged dump needs, in images: the image itself plus a margin for what the
+# workload allocates while the image waits for its ingest (issue 16).
+MEMORY_FACTOR = 1.2
+SHM_DIR = "/dev/shm"
+MEMORY_FILESYSTEMS = frozenset({"tmpfs"})  # ramfs is left out: it has no size to bound a dump
+
+
+class StagingMedium(str, enum.Enum):
+    """Where ``cairn run`` stages a dump (``--staging``, ``CAIRN_STAGING``)."""
+
+    AUTO = "auto"  # memory when the headroom covers 1.2 x the last image, else disk
+    MEMORY = "memory"  # tmpfs: the shortest freeze; the image is charged to the memory cgroup
+    DISK = "disk"  # the work directory: no RAM beyond the page cache
+
+    @classmethod
+    def parse(cls, value: object, *, source: str = "--staging") -> StagingMedium:
+        """``value`` (a member or its text) as a member; ConfigError naming the choices."""
+        try:
+            return cls(value.value if isinstance(value, enum.Enum) else value)
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ConfigError(f"{source} {value!r} is not one of {choices}") from None
+
+
+# -- how much memory a dump may take ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Headroom:
+    """The memory a staged image may take, and what bounds it (None: no bound of that kind)."""
+
+    cgroup_bytes: int | None  # the memory cgroup's limit less its working set
+    available_bytes: int | None  # the host's MemAvailable
+    tmpfs_free_bytes: int | None  # free space of the tmpfs the image would go to
+
+    @property
+    def bytes(self) -> int:
+        bounds = [b for b in (self.cgroup_bytes, self.available_bytes, self.tmpfs_free_bytes)
+                  if b is not None]
+        return min(bounds) if bounds else 0
+
+    @property
+    def limited_by(self) -> str:
+        named = (("the memory cgroup's limit", self.cgroup_bytes),
+                 ("MemAvailable", self.available_bytes),
+                 ("the tmpfs's free space", self.tmpfs_free_bytes))
+        known = [(b, name) for name, b in named if b is not None]
+        return min(known)[1] if known else "nothing readable"
+
+
+def _under(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _existing(path: str) -> str:
+    """``path`` or its nearest existing ancestor (a directory may be made only at the dump)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def memory_headroom(tmpfs_dir: str | None = SHM_DIR, *, root: str = "/") -> Headroom:
+    """How much more memory this process's memory cgroup and host can give, and the free
+    space of the tmpfs at ``tmpfs_dir`` (None: not bounded by one).
+
+    The cgroup is this process's (``/proc/self/cgroup``; v2 ``memory.max`` less the working set
+    ``memory.current`` − ``inactive_file``, v1 ``memory.limit_in_bytes`` likewise): reclaimable
+    page cache does not count, as the kubelet's eviction does not count it. ``max`` (no limit)
+    leaves the host's ``MemAvailable``, which also bounds a limited cgroup (a host may be
+    overcommitted). ``root`` prefixes ``/proc`` and ``/sys`` paths (tests give a fake tree).
+    Unreadable parts are left out; nothing readable at all gives 0 bytes."""
+    read = (lambda path: read_text(_under(root, path))) if root != "/" else read_text
+    memory = cgroup_memory(read)
+    meminfo = read("/proc/meminfo")
+    available = parse_meminfo(meminfo).get("MemAvailable") if meminfo else None
+    tmpfs_free = None
+    if tmpfs_dir is not None:
+        try:
+            vfs = os.statvfs(_existing(tmpfs_dir))
+            tmpfs_free = vfs.f_bavail * vfs.f_frsize
+        except OSError:
+            tmpfs_free = 0  # nowhere to put it
+    return Headroom(memory.headroom_bytes if memory is not None else None, available, tmpfs_free)
+
+
+def memory_headroom_bytes(tmpfs_dir: str | None = SHM_DIR, *, root: str = "/") -> int:
+    """The bytes a memory-backed staging directory at ``tmpfs_dir`` may take now: the least of
+    the memory cgroup's headroom, ``MemAvailable`` and the tmpfs's free space (see
+    :func:`memory_headroom`). Public: a restore's staging asks the same question."""
+    return memory_headroom(tmpfs_dir, root=root).bytes
+
+
+# -- which filesystem a path is on ------------------------------------------------------------
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field: spaces, tabs, newlines and backslashes come octal-escaped."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def filesystem_type(path: str, *, root: str = "/") -> str | None:
+    """The type (``tmpfs``, ``ext4``...) of the mount holding ``path`` (which need not exist
+    yet), from ``/proc/self/mountinfo``; None when it cannot be read."""
+    text = read_text(_under(root, "/proc/self/mountinfo"))
+    if text is None:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in text.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount = _unescape(fields[4])
+        after = line.split(" - ", 1)[1].split()
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        # The last mount on a point wins (it hides those below), hence >=.
+        if after and inside and len(mount) >= len(best):
+            best, kind = mount, after[0]
+    return kind
+
+
+def on_memory(path: str, *, root: str = "/") -> bool:
+    """Whether ``path`` lies on a memory-backed filesystem (tmpfs)."""
+    return filesystem_type(path, root=root) in MEMORY_FILESYSTEMS
+
+
+def memory_parent(run_dir: str, disk_parent: str, *, shm_dir: str = SHM_DIR,
+                  root: str = "/") -> str:
+    """Where a memory-staged dump of the run in ``run_dir`` goes: ``disk_parent`` itself when
+    the run directory is already on tmpfs, else ``<shm_dir>/cairn-<run>`` (named after the run
+    directory, so that the next run of the same key finds and removes what a killed one left
+    in RAM)."""
+    if on_memory(run_dir, root=root):
+        return disk_parent
+    return os.path.join(shm_dir, f"cairn-{os.path.basename(os.path.normpath(run_dir))}")
+
+
+def prepare_private_dir(path: str) -> None:
+    """Make ``path`` an empty directory only this user can enter (0700).
+
+    One that exists must be a real directory owned by this user — a name in a world-writable
+    ``/dev/shm`` may have been made by someone else, who must not get the workload's memory —
+    and what it holds is a killed run's leftovers, removed (they hold RAM). Raises ConfigError
+    naming the fix otherwise."""
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ConfigError(f"cannot stage dumps in memory at {path}: it exists and is not a "
+                          "directory of this user; remove it, or pass --staging disk")
+    os.chmod(path, 0o700)
+    for name in os.listdir(path):
+        leftover = os.path.join(path, name)
+        if os.path.isdir(leftover) and not os.path.islink(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            os.unlink(leftover)
+
+
+# -- the choice, per dump ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StagingChoice:
+    """Where one dump stages: the directory its image directory is made in, on which medium
+    (never AUTO), and why (one line for the log)."""
+
+    parent: str
+    medium: StagingMedium
+    reason: str
+
+
+def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir: str,
+                   disk_dir: str, estimate_bytes: int | None = None,
+                   headroom: Headroom | None = None, root: str = "/") -> StagingChoice:
+    """Where this dump stages under ``policy``. ``image_bytes``: what the last dump wrote (None
+    before the first one, when ``estimate_bytes``, e.g. the workload's resident memory, stands
+    in). ``memory_dir``/``disk_dir``: the two candidate parents. ``headroom``: measured now by
+    :func:`memory_headroom` for ``memory_dir`` when not given."""
+    policy = StagingMedium.parse(policy)
+    if policy is StagingMedium.DISK:
+        return StagingChoice(disk_dir, StagingMedium.DISK, "--staging disk")
+    expected, what = ((image_bytes, "the last image") if image_bytes is not None
+                      else (estimate_bytes, "the resident memory"))
+    if headroom is None:
+        headroom = memory_headroom(memory_dir, root=root)
+    room = headroom.bytes
+    if expected is None:
+        fits, sizes = False, f"nothing to size the image by; headroom {human_size(room)}"
+    else:
+        fits = room >= MEMORY_FACTOR * expected
+        sizes = (f"headroom {human_size(room)} (bounded by {headroom.limited_by}) "
+                 f"{'>=' if fits else '<'} {MEMORY_FACTOR:g} x {what} {human_size(expected)}")
+    if policy is StagingMedium.MEMORY:
+        warning = "" if fits else "; the dump may fail for space or run the step out of memory"
+        return StagingChoice(memory_dir, StagingMedium.MEMORY, f"--staging memory: {sizes}"
+                             f"{warning}")
+    if fits:
+        return StagingChoice(memory_dir, StagingMedium.MEMORY, f"auto: {sizes}")
+    return StagingChoice(disk_dir, StagingMedium.DISK, f"auto: {sizes}")
+
+
+__all__ = ["MEMORY_FACTOR", "Headroom", "StagingChoice", "StagingMedium", "choose_staging",
+           "filesystem_type", "memory_headroom", "memory_headroom_bytes", "memory_parent",
+           "on_memory", "prepare_private_dir"]

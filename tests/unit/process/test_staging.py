@@ -1,0 +1,230 @@
+"""Where a dump stages: the headroom from a fake cgroup tree (a directory standing in for
+``/proc`` and ``/sys``, named a fake), the filesystem from a fake mountinfo, the choice."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cairn.exceptions import ConfigError
+from cairn.process.staging import (
+    Headroom,
+    StagingMedium,
+    choose_staging,
+    filesystem_type,
+    memory_headroom,
+    memory_headroom_bytes,
+    memory_parent,
+    on_memory,
+    prepare_private_dir,
+)
+
+GiB = 1 << 30
+CGROUP = "/kubepods/pod1/main"
+
+
+def fake_host(root: Path, *, limit: str | None, usage: int, inactive_file: int = 0,
+              available: int = 20 * GiB, v1: bool = False, mounts: str = "") -> Path:
+    """A fake ``/proc`` and ``/sys/fs/cgroup`` under ``root`` for a process in ``CGROUP``
+    (cgroup v2, or v1 with ``v1``); ``limit`` None leaves the limit file out, as the root
+    cgroup has none."""
+    proc = root / "proc" / "self"
+    proc.mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(f"MemTotal: {64 * GiB // 1024} kB\n"
+                                           f"MemAvailable: {available // 1024} kB\n")
+    if v1:
+        (proc / "mounts").write_text("cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n")
+        (proc / "cgroup").write_text(f"4:memory:{CGROUP}\n")
+        base = root / "sys" / "fs" / "cgroup" / "memory" / CGROUP.lstrip("/")
+        names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    else:
+        (proc / "mounts").write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n")
+        (proc / "cgroup").write_text(f"0::{CGROUP}\n")
+        base = root / "sys" / "fs" / "cgroup" / CGROUP.lstrip("/")
+        names = ("memory.max", "memory.current", "inactive_file")
+    base.mkdir(parents=True)
+    if limit is not None:
+        (base / names[0]).write_text(f"{limit}\n")
+    (base / names[1]).write_text(f"{usage}\n")
+    (base / "memory.stat").write_text(f"anon {usage}\n{names[2]} {inactive_file}\n")
+    (proc / "mountinfo").write_text(mounts)
+    return root
+
+
+def test_the_cgroup_limit_less_the_working_set_is_the_headroom(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit=str(8 * GiB), usage=5 * GiB, inactive_file=GiB)
+    room = memory_headroom(None, root=str(root))
+    # Reclaimable page cache (inactive_file) is not held against the step.
+    assert room.cgroup_bytes == 4 * GiB and room.available_bytes == 20 * GiB
+    assert room.bytes == 4 * GiB and room.limited_by == "the memory cgroup's limit"
+    assert memory_headroom_bytes(None, root=str(root)) == 4 * GiB
+
+
+def test_cgroup_v1_is_read_too(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit=str(6 * GiB), usage=2 * GiB, v1=True)
+    assert memory_headroom_bytes(None, root=str(root)) == 4 * GiB
+
+
+def test_no_limit_leaves_mem_available(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit="max", usage=5 * GiB, available=3 * GiB)
+    room = memory_headroom(None, root=str(root))
+    assert room.cgroup_bytes is None and room.bytes == 3 * GiB
+    assert room.limited_by == "MemAvailable"
+
+
+def test_mem_available_bounds_a_generous_limit(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit=str(100 * GiB), usage=GiB, available=2 * GiB)
+    assert memory_headroom_bytes(None, root=str(root)) == 2 * GiB
+
+
+def test_the_tmpfs_free_space_bounds_it(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit="max", usage=GiB, available=1 << 50)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    vfs = os.statvfs(shm)
+    room = memory_headroom(str(shm / "cairn-run" / "not-made-yet"), root=str(root))
+    assert room.tmpfs_free_bytes == vfs.f_bavail * vfs.f_frsize
+    assert room.bytes == room.tmpfs_free_bytes and room.limited_by == "the tmpfs's free space"
+
+
+def test_an_unreadable_host_has_no_headroom(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert memory_headroom(None, root=str(tmp_path / "empty")) == Headroom(None, None, None)
+    assert memory_headroom_bytes(None, root=str(tmp_path / "empty")) == 0
+
+
+def mountinfo(*mounts: tuple[str, str]) -> str:
+    return "".join(f"{20 + i} 1 0:{i} / {point} rw,relatime shared:{i} - {kind} {kind} rw\n"
+                   for i, (point, kind) in enumerate(mounts))
+
+
+def test_filesystem_type_takes_the_longest_mount_holding_the_path(tmp_path: Path) -> None:
+    run = tmp_path / "run dir"
+    root = fake_host(tmp_path / "fake", limit=None, usage=0, mounts=mountinfo(
+        ("/", "ext4"), (str(tmp_path).replace(" ", "\\040"), "xfs"),
+        (str(run).replace(" ", "\\040"), "tmpfs")))
+    assert filesystem_type(str(run / "staging" / "dump-1"), root=str(root)) == "tmpfs"
+    assert on_memory(str(run), root=str(root))
+    assert filesystem_type(str(tmp_path / "run"), root=str(root)) == "xfs"  # a prefix, not a parent
+    assert not on_memory("/usr/lib", root=str(root))
+    assert filesystem_type("/usr", root=str(tmp_path / "nothing")) is None
+
+
+def test_the_memory_directory_is_the_run_dir_when_that_is_tmpfs(tmp_path: Path) -> None:
+    run = tmp_path / "run" / "0123abcd"
+    disk = str(run / "staging")
+    on_disk = fake_host(tmp_path / "a", limit=None, usage=0, mounts=mountinfo(("/", "ext4")))
+    assert memory_parent(str(run), disk, root=str(on_disk)) == "/dev/shm/cairn-0123abcd"
+    assert memory_parent(str(run), disk, shm_dir="/x", root=str(on_disk)) == "/x/cairn-0123abcd"
+    in_memory = fake_host(tmp_path / "b", limit=None, usage=0,
+                          mounts=mountinfo(("/", "ext4"), (str(tmp_path / "run"), "tmpfs")))
+    assert memory_parent(str(run), disk, root=str(in_memory)) == disk
+
+
+ROOM = Headroom(cgroup_bytes=12 * GiB, available_bytes=20 * GiB, tmpfs_free_bytes=30 * GiB)
+
+
+def choose(policy: StagingMedium, image: int | None, *, estimate: int | None = None,
+           room: Headroom = ROOM):
+    return choose_staging(policy, image_bytes=image, estimate_bytes=estimate,
+                          memory_dir="/dev/shm/cairn-r", disk_dir="/work/r/staging",
+                          headroom=room)
+
+
+def test_auto_stages_in_memory_when_the_headroom_covers_1_2_images() -> None:
+    fits = choose(StagingMedium.AUTO, 10 * GiB)
+    assert (fits.parent, fits.medium) == ("/dev/shm/cairn-r", StagingMedium.MEMORY)
+    assert "12.0 GiB" in fits.reason and "the last image 10.0 GiB" in fits.reason
+    short = choose(StagingMedium.AUTO, 10 * GiB + 1)  # 1.2 x that is just over 12 GiB
+    assert (short.parent, short.medium) == ("/work/r/staging", StagingMedium.DISK)
+    assert "<" in short.reason and "the memory cgroup's limit" in short.reason
+
+
+def test_auto_sizes_the_first_dump_by_the_estimate_and_without_one_goes_to_disk() -> None:
+    first = choose(StagingMedium.AUTO, None, estimate=GiB)
+    assert first.medium is StagingMedium.MEMORY and "the resident memory" in first.reason
+    assert choose(StagingMedium.AUTO, None, estimate=11 * GiB).medium is StagingMedium.DISK
+    assert choose(StagingMedium.AUTO, None).medium is StagingMedium.DISK
+    # The last image, once there is one, decides (not the estimate).
+    assert choose(StagingMedium.AUTO, GiB, estimate=100 * GiB).medium is StagingMedium.MEMORY
+
+
+def test_forced_media_are_kept_and_a_short_headroom_is_said() -> None:
+    assert choose(StagingMedium.DISK, GiB).parent == "/work/r/staging"
+    forced = choose(StagingMedium.MEMORY, 20 * GiB)
+    assert forced.medium is StagingMedium.MEMORY and forced.parent == "/dev/shm/cairn-r"
+    assert "out of memory" in forced.reason
+    assert "out of memory" not in choose(StagingMedium.MEMORY, GiB).reason
+
+
+def test_the_headroom_is_measured_for_the_memory_directory_when_not_given(
+        tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    choice = choose_staging(StagingMedium.AUTO, image_bytes=1 << 20, memory_dir=str(shm / "c"),
+                            disk_dir=str(tmp_path / "disk"), root=str(fake_host(
+                                tmp_path / "fake", limit=str(2 << 20), usage=1 << 20)))
+    assert choice.medium is StagingMedium.DISK  # 1 MiB of headroom < 1.2 MiB
+    assert "1.0 MiB" in choice.reason
+
+
+def test_staging_text_is_parsed_with_the_choices_named() -> None:
+    assert StagingMedium.parse("memory") is StagingMedium.MEMORY
+    assert StagingMedium.parse(StagingMedium.DISK) is StagingMedium.DISK
+    with pytest.raises(ConfigError, match="'tmpfs' is not one of auto, memory, disk"):
+        StagingMedium.parse("tmpfs", source="--staging")
+
+
+def test_the_private_directory_is_made_0700_and_emptied_of_a_killed_runs_leftovers(
+        tmp_path: Path) -> None:
+    where = tmp_path / "cairn-r"
+    prepare_private_dir(str(where))
+    assert where.stat().st_mode & 0o777 == 0o700
+    (where / "dump-1").mkdir()
+    (where / "dump-1" / "pages-1.img").write_bytes(b"x")
+    (where / "stray").write_bytes(b"y")
+    where.chmod(0o755)
+    prepare_private_dir(str(where))
+    assert list(where.iterdir()) == [] and where.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_planted_name_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    planted = tmp_path / "cairn-r"
+    planted.symlink_to(target)
+    with pytest.raises(ConfigError, match="--staging disk"):
+        prepare_private_dir(str(planted))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a directory of this user"):
+        prepare_private_dir(str(tmp_path / "file"))
+    assert target.exists() and list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
+def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "cairn-r"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(ConfigError, match="not a directory of this user"):
+        prepare_private_dir(str(theirs))
+
+
+def test_run_settings_and_cairn_run_refuse_an_unknown_medium(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cairn.cli.main import main
+    from cairn.process.supervisor import RunSettings
+    from cairn.runtime.env import STAGING
+
+    with pytest.raises(ConfigError, match="StagingMedium.parse"):
+        RunSettings(store="/s", key="k", argv=("true",), staging="memory")  # type: ignore[arg-type]
+    assert RunSettings(store="/s", key="k", argv=("true",)).staging is StagingMedium.AUTO
+    run = ["run", "--store", str(tmp_path / "s"), "--key", "k"]
+    assert main([*run, "--staging", "tmpfs", "--", "true"]) == 2
+    assert "--staging (or $CAIRN_STAGING) 'tmpfs' is not one of auto, memory, disk" in \
+        capsys.readouterr().err
+    monkeypatch.setenv(STAGING.name, "ram")
+    assert main([*run, "--", "true"]) == 2
+    assert "'ram' is not one of" in capsys.readouterr().err
