@@ -280,6 +280,7 @@ After the command exits 0 the key is marked done and its snapshots removed (--ke
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from cairn.process.staging import StagingMedium
     from cairn.process.supervisor import OnSuccess, RunSettings, run
 
     command = list(args.cmd)
@@ -296,7 +297,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             notice_file=args.notice_file or None, status_file=args.status_file or None,
             exclude_seqs=env.parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
             spool_dir=None if args.no_spool else (args.spool or None),
-            spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"))
+            spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"),
+            staging=StagingMedium.parse(args.staging, source=f"--staging (or ${env.STAGING})"))
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
@@ -379,6 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=env.WORKDIR.get(),
                    help=f"logs and staging; the same path on every node (default ${env.WORKDIR} "
                         f"or {env.WORKDIR.default})")
+    p.add_argument("--staging", default=env.STAGING.get(), metavar="{auto,memory,disk}",
+                   help="where a dump is written before it is ingested, checked per dump: "
+                        "memory (tmpfs: the shortest freeze, counted in the step's memory), "
+                        "disk (the work directory), or auto: memory when the memory cgroup's "
+                        "headroom covers 1.2 x the last image (default "
+                        f"${env.STAGING} or {env.STAGING.default}); with --spool the spool's "
+                        "volume holds the dumps")
     p.add_argument("--ghost-limit-mb", type=int, default=512, metavar="MB",
                    help="largest deleted-but-open file (e.g. DataLoader shared memory in "
                         "/dev/shm) saved into a snapshot (default 512)")

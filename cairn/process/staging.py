@@ -195,6 +195,17 @@ def prepare_private_dir(path: str) -> None:
             os.unlink(leftover)
 
 
+def remove_private_dir(path: str) -> None:
+    """Remove ``path`` if it is a directory of this user (what :func:`prepare_private_dir`
+    made, or a killed run left); anything else there is not this run's to remove."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 # -- the choice, per dump ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -239,4 +250,4 @@ def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir
 
 __all__ = ["MEMORY_FACTOR", "Headroom", "StagingChoice", "StagingMedium", "choose_staging",
            "filesystem_type", "memory_headroom", "memory_headroom_bytes", "memory_parent",
-           "on_memory", "prepare_private_dir"]
+           "on_memory", "prepare_private_dir", "remove_private_dir"]

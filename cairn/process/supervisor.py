@@ -64,6 +64,7 @@ from cairn.process import cuda as cuda_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
+from cairn.process import staging as staging_mod
 from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.process.log_echo import LogEcho
@@ -112,6 +113,8 @@ class RunSettings:
     exclude_seqs: frozenset[int] = frozenset()  # never restored (a resume policy's verdict)
     spool_dir: str | None = None  # hand dumps to `cairn sidecar --upload` here (k8s)
     spool_wait_s: float = 60.0  # at start: wait this long for an earlier run's spooled dumps
+    # Where a dump stages without a spool (checked per dump; cairn.process.staging, ADR 0020).
+    staging: staging_mod.StagingMedium = staging_mod.StagingMedium.AUTO
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -121,6 +124,9 @@ class RunSettings:
             raise ConfigError("--grace must be zero or more seconds")
         if self.spool_wait_s < 0:
             raise ConfigError("--spool-wait must be zero or more seconds")
+        if not isinstance(self.staging, staging_mod.StagingMedium):
+            raise ConfigError(f"staging={self.staging!r}: give a StagingMedium (parse text with "
+                              "StagingMedium.parse)")
 
 
 @dataclass
@@ -172,6 +178,10 @@ class Supervisor:
         self.stdout_path = os.path.join(self.run_dir, "stdout.log")
         self.stderr_path = os.path.join(self.run_dir, "stderr.log")
         self.staging = os.path.join(self.run_dir, "staging")
+        # Where dumps stage when the policy picks memory (made at the first such dump).
+        self._memory_staging = staging_mod.memory_parent(self.run_dir, self.staging)
+        self._memory_ready = False
+        self._staging_medium: staging_mod.StagingMedium | None = None  # the last dump's
         # Where tracked files may live and be restored (the working and run directories and
         # $CAIRN_TRACK_ROOTS): checked before each dump, enforced by each restore.
         self._track_roots = snap_mod.track_roots(log_dir=self.run_dir, cwd=self.cwd)
@@ -266,6 +276,8 @@ class Supervisor:
             if self.child is not None:
                 self._kill_child()
             shutil.rmtree(self.staging, ignore_errors=True)
+            # Also what a killed run of this key left in RAM when this one never staged there.
+            staging_mod.remove_private_dir(self._memory_staging)
             self._record_outcome(code)
             self._store.close()
             self._wake.close()
@@ -488,15 +500,55 @@ class Supervisor:
             self._cuda = cuda_mod.CudaCheckpoint.load() or False
         return self._cuda or None
 
+    def _dump_dir(self, tree: list[int], gpu: list[int]) -> str:
+        """A new, empty directory for this dump's images, where the staging policy puts it
+        (``RunSettings.staging``, checked per dump against the last image; before the first
+        dump the workload's resident memory, plus the GPU memory the driver will copy into it,
+        stands in). Said at WARNING when the medium changes, else at INFO."""
+        last = next((h["image_bytes"] for h in reversed(self.cost.history)
+                     if h.get("entry") is None), None)
+        estimate = None
+        if last is None:
+            estimate = workload.resident_bytes(tree) + (cuda_mod.gpu_memory_in_use() if gpu else 0)
+        choice = staging_mod.choose_staging(self.settings.staging, image_bytes=last,
+                                            estimate_bytes=estimate,
+                                            memory_dir=self._memory_staging,
+                                            disk_dir=self.staging)
+        level = logging.INFO if choice.medium is self._staging_medium else logging.WARNING
+        log.log(level, "staging the dump %s at %s (%s)",
+                "in memory" if choice.medium is staging_mod.StagingMedium.MEMORY else "on disk",
+                choice.parent, choice.reason)
+        if choice.parent == self._memory_staging and not self._memory_ready:
+            try:
+                staging_mod.prepare_private_dir(choice.parent)  # a killed run's leftovers go
+                self._memory_ready = True
+            except ConfigError as e:
+                if self.settings.staging is not staging_mod.StagingMedium.AUTO:
+                    raise
+                log.warning("%s; staging on disk instead", e)
+                choice = dataclasses.replace(choice, parent=self.staging,
+                                             medium=staging_mod.StagingMedium.DISK)
+        self._staging_medium = choice.medium
+        os.makedirs(choice.parent, exist_ok=True)
+        image_dir = os.path.join(choice.parent, f"dump-{int(time.time() * 1000)}")
+        os.mkdir(image_dir, 0o700)
+        return image_dir
+
     def _snapshot(self, *, leave_running: bool,
                   timeout: float = DUMP_TIMEOUT_S) -> _Saved | None:
         """Dump, then ingest (or, with a spool, hand the dump to the uploader). Returns what
         was saved, or None when it failed (logged; the workload keeps running when
         ``leave_running``). A dump still running after ``timeout`` seconds is killed (a
-        failure). Raises Fenced."""
+        failure). Raises Fenced.
+
+        Without a spool the dump stages where :meth:`_dump_dir` puts it (memory or disk, per
+        ``RunSettings.staging``) and is removed once ingested. With a spool it goes into the
+        spool's entry, whatever the policy: the sidecar reads it from there, so the spool's
+        volume is the medium (on Kubernetes the pod transform's ``emptyDir``, memory-backed and
+        counted in the pod's memory by default)."""
         assert self._criu is not None and self.child is not None
         started = time.monotonic()
-        image_dir = os.path.join(self.staging, f"dump-{int(time.time() * 1000)}")
+        image_dir: str | None = None
         entry: str | None = None
         handed = False
         try:
@@ -507,7 +559,7 @@ class Supervisor:
                 entry = self._spool.spool.new_entry(self._attempt.epoch)
                 image_dir = self._spool.spool.images_dir(entry)
             else:
-                os.makedirs(image_dir)
+                image_dir = self._dump_dir(tree, gpu)
             if gpu:
                 api = self._cuda_api()
                 assert api is not None
@@ -545,7 +597,7 @@ class Supervisor:
                          last_error_at=time.time())
             return None
         finally:
-            if entry is None:
+            if entry is None and image_dir is not None:
                 shutil.rmtree(image_dir, ignore_errors=True)
             elif not handed and self._spool is not None:
                 self._spool.spool.remove(entry)
@@ -554,7 +606,8 @@ class Supervisor:
         figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
                    "dump_s": round(dumped - started, 3), "ingest_s": round(done - dumped, 3),
                    "image_bytes": report.image_bytes, "bytes_written": report.bytes_written,
-                   "staging_bytes": staged}
+                   "staging_bytes": staged,
+                   "staging": self._staging_medium.value if self._staging_medium else None}
         self.cost.history.append(figures)
         st = self._status
         self._report(snapshots=st.snapshots + 1, frozen_seconds=st.frozen_seconds +
@@ -562,11 +615,11 @@ class Supervisor:
                      bytes_written=st.bytes_written + report.bytes_written,
                      last_seq=report.manifest.seq, last_success_at=time.time())
         log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU), image %.1f MB, written "
-                    "%.1f MB (%.0f%%), staging %.1f MB, dump %.2fs + ingest %.2fs",
+                    "%.1f MB (%.0f%%), staging %.1f MB in %s, dump %.2fs + ingest %.2fs",
                     report.manifest.seq, report.frozen_us / 1000, report.image_bytes / 1e6,
                     report.bytes_written / 1e6,
                     100 * report.bytes_written / max(report.image_bytes, 1), staged / 1e6,
-                    dumped - started, done - dumped)
+                    figures["staging"], dumped - started, done - dumped)
         return _Saved(seq=report.manifest.seq)
 
     def _spooled(self, entry: str, started: float, dumped: float, staged: int,

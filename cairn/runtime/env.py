@@ -60,6 +60,9 @@ SPOOL_DIR = Var("CAIRN_SPOOL_DIR", "`cairn run` dumps into this spool; the sidec
                 "the pod transform", "`cairn run`")
 WORKDIR = Var("CAIRN_WORKDIR", "`cairn run`'s logs and staging (the same path on every node)",
               "the user", "`cairn run`", default="/var/tmp/cairn/run")
+STAGING = Var("CAIRN_STAGING", "where `cairn run` stages a dump without a spool: `auto` "
+              "(memory when the headroom covers 1.2 x the last image), `memory` (tmpfs) or "
+              "`disk` (the work directory)", "the user", "`cairn run`", default="auto")
 CRIU = Var("CAIRN_CRIU", "the CRIU binary to use (else `criu` on PATH)", "the user",
            "process mode")
 IMAGE_DIGEST = Var("CAIRN_IMAGE_DIGEST", "the container image digest, for the compatibility "
@@ -76,7 +79,7 @@ KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cai
                   "command instead of running it", "tests", "KFP's `run_command`")
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
-                        STATUS_FILE, SPOOL_DIR, WORKDIR, CRIU, IMAGE_DIGEST, PLACEMENT_OPTION,
+                        STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, CRIU, IMAGE_DIGEST, PLACEMENT_OPTION,
                         PLACEMENT_REASON, TRACK_ROOTS, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 

@@ -19,6 +19,7 @@ from cairn.process.staging import (
     memory_parent,
     on_memory,
     prepare_private_dir,
+    remove_private_dir,
 )
 
 GiB = 1 << 30
@@ -201,6 +202,17 @@ def test_a_planted_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a directory of this user"):
         prepare_private_dir(str(tmp_path / "file"))
     assert target.exists() and list(target.iterdir()) == []
+    remove_private_dir(str(planted))  # not this run's: left alone
+    assert planted.is_symlink() and target.is_dir()
+
+
+def test_removing_the_private_directory(tmp_path: Path) -> None:
+    where = tmp_path / "cairn-r"
+    remove_private_dir(str(where))  # never made: nothing to do
+    prepare_private_dir(str(where))
+    (where / "dump-1").mkdir()
+    remove_private_dir(str(where))
+    assert not where.exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory away")
@@ -210,6 +222,8 @@ def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(theirs, 12345, 12345)
     with pytest.raises(ConfigError, match="not a directory of this user"):
         prepare_private_dir(str(theirs))
+    remove_private_dir(str(theirs))
+    assert theirs.is_dir()
 
 
 def test_run_settings_and_cairn_run_refuse_an_unknown_medium(
