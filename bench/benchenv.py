@@ -143,3 +143,23 @@ def mean_breakdown(runs: list[tuple[float, Timers]], *, rest: str = "other") -> 
         return {n: sum(table(t).get(n, 0.0) for _, t in runs) / count for n in names}
 
     return breakdown(total, mean(lambda t: t.main), mean(lambda t: t.pool), rest=rest)
+
+
+def store_write_parts() -> list[tuple[Any, str, str]]:
+    """What a cairn store write's breakdown times, for :func:`timed_attributes`."""
+    import cairn.store.writer as writer
+    from cairn.store.fileops import OsFileOps
+    from cairn.store.packs import PackWriter
+
+    return [(writer, "compute_digest", "hash"), (OsFileOps, "write", "write"),
+            (OsFileOps, "open_new", "create"), (OsFileOps, "mkdir", "mkdir"),
+            (OsFileOps, "fsync", "fsync"), (OsFileOps, "fsync_dir", "fsync_dir"),
+            (OsFileOps, "link", "publish"), (PackWriter, "flush", "wait_for_packs_durable")]
+
+
+def store_read_parts() -> list[tuple[Any, str, str]]:
+    """What a cairn store read's breakdown times: reads and BLAKE3 checks (on pool threads)."""
+    import cairn.store.reader as reader
+    from cairn.store.local import LocalBackend
+
+    return [(LocalBackend, "read_range_into", "read"), (reader, "compute_digest", "verify")]

@@ -103,6 +103,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +117,29 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+import cairn.state.checkpointer as checkpointer_module
+from benchenv import (  # bench/ is on sys.path when run as a script
+    Timers,
+    breakdown,
+    drop_caches,
+    fsync_path,
+    loadavg,
+    mean_breakdown,
+    remove,
+    store_read_parts,
+    store_write_parts,
+    timed_attributes,
+)
+from cairn.state import capture
 from cairn.state.checkpointer import Checkpointer, PersistMode, SnapshotPolicy
 from cairn.state.staging import StagingBuffer, plan
+from cairn.state.writer_process import WriterProcess
 from cairn.store import Key, Store, StoreSettings, open_store
-from benchenv import drop_caches, fsync_path, loadavg, remove  # bench/ is on sys.path
 
 KEY = Key.parse("bench/state/run")
 TARGETS = {"stall_vs_memcpy": 1.5, "stall_vs_dcp_best": 1.0, "restore_vs_torch_load": 1.0,
-           "frozen90_vs_floor": 1.1, "amortized_slowdown": 1.10}
+           "frozen90_vs_floor": 1.1, "amortized_slowdown": 1.10, "first_stall_vs_median": 2.0}
+Parts = list[tuple[Any, str, str]]  # what a breakdown times: (owner, attribute, part)
 
 
 # -- the model and its training ---------------------------------------------------------------
@@ -141,6 +157,11 @@ class ModelConfig:
 
 FULL = ModelConfig()
 SMALL = ModelConfig(vocab=8192, context=256, width=384, layers=4, heads=6, hidden=1536)
+QUICK = ModelConfig(vocab=2048, context=64, width=128, layers=2, heads=4, hidden=512)
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    return QUICK if args.quick else SMALL if args.small else FULL
 
 
 class GPT(nn.Module):
@@ -258,11 +279,15 @@ def p95(values: list[float]) -> float:
 
 
 class Contender:
-    """One way to snapshot; ``snapshot`` returns (stall seconds, durable seconds)."""
+    """One way to snapshot; ``snapshot`` returns (stall seconds, durable seconds) and charges
+    the parts of the durable time to ``timers``: its own blocks, and ``parts`` (library
+    functions timed while it runs)."""
 
     name = ""
+    config = ""  # the exact configuration, as the output names it
+    parts: Parts = []
 
-    def snapshot(self, step: int) -> tuple[float, float]:
+    def snapshot(self, step: int, timers: Timers) -> tuple[float, float]:
         raise NotImplementedError
 
     def after(self) -> None:
@@ -282,13 +307,26 @@ class CairnContender(Contender):
                                  persist=mode)
         if self.ckpt.restore(model=model, optimizer=opt) != 0:
             raise AssertionError("fresh store should have no snapshot")
+        # Private names are timed where the public ones do not show the part; a name that
+        # moved is skipped (its time shows as "other").
+        self.parts = [(capture, "gather", "gather"),
+                      (Checkpointer, "_join_warm_up", "wait_for_warm_up")]
+        if mode is PersistMode.PROCESS:
+            self.parts += [(StagingBuffer, "copy_cpu_tensors", "stage_copy"),
+                           (WriterProcess, "persist", "handoff")]
+            self.config = (f"Checkpointer(persist=PROCESS).save + wait(), local store, "
+                           f"{torch.get_num_threads()} copy threads")
+        else:
+            self.parts += store_write_parts()
+            self.config = "Checkpointer(persist=INLINE).save, local store"
 
-    def snapshot(self, step: int) -> tuple[float, float]:
+    def snapshot(self, step: int, timers: Timers) -> tuple[float, float]:
         start = time.perf_counter()
         self.ckpt.save(step)
         staged = time.perf_counter()
-        if not self.ckpt.wait():
-            raise AssertionError("wait() timed out")
+        with timers.timing("wait_for_writer"):
+            if not self.ckpt.wait():
+                raise AssertionError("wait() timed out")
         durable = time.perf_counter()
         if self.ckpt.committed_step != step:
             raise AssertionError(f"{self.name}: step {step} was not committed")
@@ -304,6 +342,8 @@ class CairnContender(Contender):
 
 class TorchSaveContender(Contender):
     name = "torch_save"
+    config = ("torch.save({'model': state_dict(), 'optimizer': state_dict()}) to a file + "
+              "fsync of the file and its directory")
 
     def __init__(self, root: str, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         self.dir = os.path.join(root, self.name)
@@ -311,15 +351,21 @@ class TorchSaveContender(Contender):
         self.model, self.opt = model, opt
         self.last: str | None = None
 
-    def save_to(self, path: str) -> None:
-        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}, path)
-        fsync_path(path)
-        fsync_path(os.path.dirname(path), directory=True)
+    def save_to(self, path: str, timers: Timers | None = None) -> None:
+        timers = timers or Timers()
+        with timers.timing("state_dict"):
+            state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+        with timers.timing("torch.save"):
+            torch.save(state, path)
+        with timers.timing("fsync"):
+            fsync_path(path)
+        with timers.timing("fsync_dir"):
+            fsync_path(os.path.dirname(path), directory=True)
 
-    def snapshot(self, step: int) -> tuple[float, float]:
+    def snapshot(self, step: int, timers: Timers) -> tuple[float, float]:
         path = os.path.join(self.dir, f"step-{step}.pt")
         start = time.perf_counter()
-        self.save_to(path)
+        self.save_to(path, timers)
         seconds = time.perf_counter() - start
         if self.last is not None:
             remove(self.last)
@@ -339,6 +385,14 @@ class DcpContender(Contender):
                  asynchronous: bool, process: bool = False,
                  stager_options: StagingOptions | None = None) -> None:
         self.name = name
+        call = "dcp.async_save" if asynchronous else "dcp.save"
+        executor = ", AsyncCheckpointerType.PROCESS" if process else \
+            ", thread executor" if asynchronous else ""
+        stager = f", a reused DefaultStager({stager_options})" if stager_options else \
+            ", a fresh DefaultStager per call" if asynchronous else ""
+        self.config = (f"torch.distributed.checkpoint: {call} of get_state_dict(model, opt) to "
+                       f"a FileSystemWriter directory (its defaults: thread_count=1, "
+                       f"sync_files=True){executor}{stager}")
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir)
         self.root = root
@@ -348,15 +402,18 @@ class DcpContender(Contender):
         self.last: str | None = None
         self.count = 0
 
-    def snapshot(self, step: int) -> tuple[float, float]:
+    def snapshot(self, step: int, timers: Timers) -> tuple[float, float]:
         path = os.path.join(self.dir, f"step-{step}")
         guard = stderr_to(os.path.join(self.root, "dcp-process.log")) \
             if self.process and self.count == 0 else contextlib.nullcontext()
         self.count += 1
         with guard:
             start = time.perf_counter()
+            with timers.timing("get_state_dict"):
+                state = dcp_state(self.model, self.opt)
             if not self.asynchronous:
-                dcp.save(dcp_state(self.model, self.opt), checkpoint_id=path, no_dist=True)
+                with timers.timing("dcp.save"):
+                    dcp.save(state, checkpoint_id=path, no_dist=True)
                 staged = durable = time.perf_counter()
             else:
                 kwargs: dict[str, Any] = {}
@@ -364,15 +421,18 @@ class DcpContender(Contender):
                     kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
                 if self.stager is not None:
                     kwargs["async_stager"] = self.stager
-                result = dcp.async_save(dcp_state(self.model, self.opt), checkpoint_id=path,
-                                        no_dist=True, **kwargs)
+                with timers.timing("async_save_call"):
+                    result = dcp.async_save(state, checkpoint_id=path, no_dist=True, **kwargs)
                 if isinstance(result, AsyncSaveResponse):
-                    result.staging_completion.result()
+                    with timers.timing("wait_for_staging"):
+                        result.staging_completion.result()
                     staged = time.perf_counter()
-                    result.upload_completion.result()
+                    with timers.timing("wait_for_upload"):
+                        result.upload_completion.result()
                 else:
                     staged = time.perf_counter()
-                    result.result()
+                    with timers.timing("wait_for_upload"):
+                        result.result()
                 durable = time.perf_counter()
         if self.last is not None:
             remove(self.last)
@@ -397,26 +457,56 @@ def stop_dcp_process() -> None:
 # -- the measurements -------------------------------------------------------------------------
 
 
-def memcpy_floor(tensors: list[torch.Tensor], runs: int) -> list[float]:
-    views = [byte_view(t) for t in tensors]
-    slots, total = plan([len(v) for v in views])
+def split_copies(sources: list[np.ndarray], offsets: list[int], threads: int
+                 ) -> list[list[tuple[int, np.ndarray]]]:
+    """``threads`` lists of (offset, source bytes), each about 1/threads of all the bytes
+    (a large tensor is cut between threads: one embedding is a tenth of the state)."""
+    share = -(-sum(a.nbytes for a in sources) // threads)
+    out: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(threads)]
+    index, room = 0, share
+    for offset, source in zip(offsets, sources):
+        done = 0
+        while done < source.nbytes:
+            take = min(room, source.nbytes - done)
+            out[index].append((offset + done, source[done:done + take]))
+            done += take
+            room -= take
+            if room == 0 and index < threads - 1:
+                index, room = index + 1, share
+    return out
+
+
+def memcpy_floor(tensors: list[torch.Tensor], runs: int, threads: int) -> list[float]:
+    """Seconds per copy of every tensor's bytes into a pre-faulted memfd buffer, split evenly
+    among ``threads`` threads (numpy copies, which release the GIL: one thread's copy does not
+    reach the machine's memory bandwidth); ``runs`` copies after a warm-up."""
+    sources = [np.frombuffer(byte_view(t), dtype=np.uint8) for t in tensors]
+    slots, total = plan([a.nbytes for a in sources])
     buffer = StagingBuffer(total)
+    dest = np.frombuffer(buffer.map, dtype=np.uint8)
+    work = split_copies(sources, [slot.offset for slot in slots], threads)
+
+    def copy(pieces: list[tuple[int, np.ndarray]], dest: np.ndarray) -> None:
+        for offset, source in pieces:
+            np.copyto(dest[offset:offset + source.nbytes], source)
+
     times = []
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="bench-memcpy")
     try:
         for _ in range(runs + 1):  # the first copy is a warm-up
             start = time.perf_counter()
-            for slot, view in zip(slots, views):
-                buffer.map[slot.offset:slot.offset + slot.nbytes] = view
+            list(pool.map(copy, work, [dest] * threads))
             times.append(time.perf_counter() - start)
     finally:
-        del views
+        pool.shutdown()
+        del dest, work, sources  # the buffer cannot close while numpy holds its memory
         buffer.close()
     return times[1:]
 
 
 def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.optim.Optimizer,
                     runs: int, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {c.name: {"stall": [], "durable": []}
+    results: dict[str, dict[str, Any]] = {c.name: {"stall": [], "durable": [], "profiles": []}
                                           for c in contenders}
     step = 0
     for round_ in range(runs + 1):
@@ -424,22 +514,37 @@ def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.op
         for contender in contenders[shift:] + contenders[:shift]:
             perturb(model, opt)
             drop_caches()
-            stall, durable = contender.snapshot(step)
+            timers = Timers()
+            with timed_attributes(timers, contender.parts):
+                stall, durable = contender.snapshot(step, timers)
             step += 1
             contender.after()
             gc.collect()
             r = results[contender.name]
             if round_ == 0:
                 r["first_stall"], r["first_durable"] = stall, durable
+                r["first_breakdown"] = breakdown(durable, timers.main, timers.pool)
             else:
                 r["stall"].append(stall)
                 r["durable"].append(durable)
+                r["profiles"].append((durable, timers))
             log(f"  {'first' if round_ == 0 else f'run {round_}'} {contender.name}: "
                 f"stall {stall:.3f}s durable {durable:.3f}s")
     return results
 
 
-RESTORE_SIDES = ("cairn", "torch_load", "dcp_load")
+RESTORE_SIDES = ("cairn", "torch_load", "torch_load_mmap", "dcp_load")
+TORCH_LOADS = ("torch_load", "torch_load_mmap")  # restore_vs_torch_load: the faster of them
+RESTORE_PEERS = {
+    "cairn": "Checkpointer(store=..., key=...).restore(model=, optimizer=): every chunk's "
+             "BLAKE3 checked",
+    "torch_load": "torch.load(path, weights_only=True) -> model.load_state_dict + "
+                  "optimizer.load_state_dict",
+    "torch_load_mmap": "torch.load(path, mmap=True, weights_only=True) -> "
+                       "model.load_state_dict + optimizer.load_state_dict (the reads happen "
+                       "in load_state_dict)",
+    "dcp_load": "get_state_dict + dcp.load (FileSystemReader) + set_state_dict",
+}
 
 
 def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
@@ -459,62 +564,98 @@ def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
 def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process (``--restore-child``): build the model and an empty optimizer, drop
     the page cache, wait ``--settle`` s, then time one restore by ``side`` from ``source``."""
-    target = GPT(SMALL if args.small else FULL)
+    target = GPT(model_config(args))
     opt = make_optimizer(target)
+    timers = Timers()
+    parts: Parts = []
     if side == "cairn":
+        # load_state reads and verifies, capture.apply copies into the live objects.
+        parts = [(checkpointer_module, "load_state", "read_and_verify"),
+                 (capture, "apply", "apply"), (Store, "open_attempt", "open_attempt"),
+                 (Checkpointer, "_start_writer", "start_writer"), *store_read_parts()]
+
         def restore() -> None:
             ckpt = Checkpointer(store=source, key=KEY, every_steps=10**9, preemption=None)
             try:
                 ckpt.restore(model=target, optimizer=opt)
             finally:
-                ckpt.close()
-    elif side == "torch_load":
+                with timers.timing("close"):
+                    ckpt.close()
+    elif side in TORCH_LOADS:
         def restore() -> None:
-            state = torch.load(source, weights_only=True)
-            target.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            with timers.timing("torch.load"):
+                state = torch.load(source, weights_only=True, mmap=side == "torch_load_mmap")
+            with timers.timing("model.load_state_dict"):
+                target.load_state_dict(state["model"])
+            with timers.timing("optimizer.load_state_dict"):
+                opt.load_state_dict(state["optimizer"])
     else:
         def restore() -> None:
-            state = dcp_state(target, opt)
-            dcp.load(state, checkpoint_id=source, no_dist=True)
-            set_state_dict(target, opt, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            with timers.timing("get_state_dict"):
+                state = dcp_state(target, opt)
+            with timers.timing("dcp.load"):
+                dcp.load(state, checkpoint_id=source, no_dist=True)
+            with timers.timing("set_state_dict"):
+                set_state_dict(target, opt, model_state_dict=state["model"],
+                               optim_state_dict=state["optim"])
     gc.collect()
     cold = drop_caches()
     time.sleep(args.settle)
-    start = time.perf_counter()
-    restore()
-    seconds = time.perf_counter() - start
-    return {"side": side, "seconds": seconds, "cold": cold, "digest": state_digest(target, opt)}
+    with timed_attributes(timers, parts):
+        start = time.perf_counter()
+        restore()
+        seconds = time.perf_counter() - start
+    return {"side": side, "seconds": seconds, "cold": cold, "digest": state_digest(target, opt),
+            "main": timers.main, "pool": timers.pool}
+
+
+def restore_in_child(sides: tuple[str, ...], sources: dict[str, str], flags: list[str]
+                     ) -> list[dict[str, Any]]:
+    """Run ``restore_once`` for each side, in order, in one new process."""
+    pairs = [f"{side}={sources[side]}" for side in sides]
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--restore-child", *pairs,
+                            *flags], capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        raise RuntimeError(f"restore by {', '.join(sides)} failed (exit {child.returncode}):\n"
+                           f"{child.stderr[-3000:]}")
+    results = json.loads(child.stdout.strip().splitlines()[-1])
+    assert [r["side"] for r in results] == list(sides), results
+    return results
 
 
 def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.optim.Optimizer,
                    args: argparse.Namespace, log: Callable[[str], None]
-                   ) -> tuple[dict[str, list[float]], bool]:
+                   ) -> tuple[dict[str, list[float]], dict[str, dict[str, Any]], bool]:
     """``--runs`` restores per side, each in a fresh process as a retried task would be, the
-    sides' order rotating every round; every restore's state is checked against the live one."""
+    sides' order rotating every round; every restore's state is checked against the live one.
+    Returns each side's seconds, each side's breakdown (mean of its runs), and whether every
+    restore started from a cold page cache."""
     expected = state_digest(live, live_opt)
     times: dict[str, list[float]] = {name: [] for name in RESTORE_SIDES}
+    profiles: dict[str, list[tuple[float, Timers]]] = {name: [] for name in RESTORE_SIDES}
     cold = True
     flags = ["--threads", str(args.threads), "--settle", str(args.settle)]
-    if args.small:
+    if args.quick:
+        flags.append("--quick")
+    elif args.small:
         flags.append("--small")
     for run in range(args.runs):
         shift = run % len(RESTORE_SIDES)
-        for name in RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]:
-            child = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--restore-child", name,
-                 sources[name], *flags], capture_output=True, text=True, check=False)
-            if child.returncode != 0:
-                raise RuntimeError(f"restore by {name} failed (exit {child.returncode}):\n"
-                                   f"{child.stderr[-3000:]}")
-            result = json.loads(child.stdout.strip().splitlines()[-1])
+        order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
+        # --quick restores every side in one process (4 torch imports took 30 s of a smoke
+        # run); the timed runs give each restore a fresh process, as the docstring says.
+        batches = [order] if args.quick else [(name,) for name in order]
+        results = [r for batch in batches for r in restore_in_child(batch, sources, flags)]
+        for name, result in zip(order, results):
             if result["digest"] != expected:
                 raise AssertionError(f"{name}: the restored state differs from the saved one")
             cold = cold and result["cold"]
             times[name].append(result["seconds"])
+            timers = Timers()
+            timers.main, timers.pool = result["main"], result["pool"]
+            profiles[name].append((result["seconds"], timers))
             log(f"  run {run + 1} restore {name}: {result['seconds']:.3f}s")
-    return times, cold
+    return times, {name: mean_breakdown(p) for name, p in profiles.items()}, cold
 
 
 def frozen_bytes(cfg: ModelConfig, args: argparse.Namespace, root: str) -> dict[str, Any]:
@@ -629,10 +770,12 @@ def amortized(ckpt: Checkpointer, trainer: Trainer, total_steps: int, every: int
                     trainer.step()
                     snapshots += ckpt.step(step)
                     step += 1
-                with_s += time.perf_counter() - start
+                # The block's snapshot counts until it is durable: a persist still running
+                # at the block's end is waited for inside the timer.
                 if not ckpt.wait(timeout=0):
                     unfinished += 1
                     ckpt.wait()
+                with_s += time.perf_counter() - start
         log(f"  block {block + 1}/{blocks}: with {with_s:.1f}s without {without_s:.1f}s")
     return {"steps": total_steps, "snapshot_every": every, "snapshots": snapshots,
             "with_s": round(with_s, 3), "without_s": round(without_s, 3),
@@ -642,13 +785,22 @@ def amortized(ckpt: Checkpointer, trainer: Trainer, total_steps: int, every: int
 
 # -- main -------------------------------------------------------------------------------------
 
+QUICK_DEFAULTS = {"runs": 1, "amortize_steps": 4, "snapshot_every": 2, "step_samples": 1,
+                  "settle": 0.0}
+FULL_DEFAULTS = {"runs": 5, "amortize_steps": 200, "snapshot_every": 50, "step_samples": 3,
+                 "settle": 4.0}
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true",
-                        help="a ~12x smaller model, for a quick smoke run")
-    parser.add_argument("--runs", type=int, default=5,
+                        help="a ~12x smaller model, for a quick look")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run (the test suite runs it): a tiny model, 1 run, 4 "
+                             "amortized steps, no settle pause, no DCP PROCESS executor; "
+                             "every figure still reported")
+    parser.add_argument("--runs", type=int, default=None,
                         help="timed snapshots per contender, and restores per side (default 5)")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch.set_num_threads for every contender (default 2)")
@@ -657,25 +809,233 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "under /var/tmp); a fresh subdirectory is made and removed")
     parser.add_argument("--batch", type=int, default=1, help="training batch (default 1)")
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
-    parser.add_argument("--step-samples", type=int, default=3,
+    parser.add_argument("--step-samples", type=int, default=None,
                         help="steps per baseline block of the persist slowdown (default 3)")
-    parser.add_argument("--amortize-steps", type=int, default=200,
+    parser.add_argument("--amortize-steps", type=int, default=None,
                         help="steps per side of the amortized comparison (default 200: four "
                              "snapshots; with two, one block's noise decides the figure)")
-    parser.add_argument("--snapshot-every", type=int, default=50,
-                        help="snapshot interval in steps for the amortized comparison")
-    parser.add_argument("--settle", type=float, default=4.0,
+    parser.add_argument("--snapshot-every", type=int, default=None,
+                        help="snapshot interval in steps for the amortized comparison "
+                             "(default 50)")
+    parser.add_argument("--settle", type=float, default=None,
                         help="seconds between the cache drop and each timed restore (default 4)")
-    parser.add_argument("--restore-child", nargs=2, metavar=("SIDE", "SOURCE"),
-                        help=argparse.SUPPRESS)  # one timed restore, run by restore_rounds
+    parser.add_argument("--restore-child", nargs="+", metavar="SIDE=SOURCE",
+                        help=argparse.SUPPRESS)  # timed restores, run by restore_in_child
     parser.add_argument("--no-dcp-process", action="store_true",
                         help="skip the dcp_async configurations with a PROCESS executor")
     parser.add_argument("--skip-steps", action="store_true",
                         help="skip the step-time measurements")
     args = parser.parse_args(argv)
+    for name, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.quick:
+        args.no_dcp_process = True  # its first snapshot alone spawns a process: 15 s here
     if args.runs < 1 or args.threads < 1 or args.snapshot_every < 2:
         parser.error("--runs and --threads must be >= 1, --snapshot-every >= 2")
     return args
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def make_contenders(root: str, model: nn.Module, opt: torch.optim.Optimizer,
+                    args: argparse.Namespace) -> list[Contender]:
+    contenders: list[Contender] = [
+        CairnContender("cairn", root, model, opt, PersistMode.PROCESS),
+        CairnContender("cairn_inline", root, model, opt, PersistMode.INLINE),
+        TorchSaveContender(root, model, opt),
+        DcpContender("dcp_save", root, model, opt, asynchronous=False),
+        DcpContender("dcp_async_default", root, model, opt, asynchronous=True),
+        DcpContender("dcp_async_thread_cached", root, model, opt, asynchronous=True,
+                     stager_options=StagingOptions(False, False, False, False)),
+    ]
+    if not args.no_dcp_process:
+        contenders += [
+            DcpContender("dcp_async_process_shm", root, model, opt, asynchronous=True,
+                         process=True, stager_options=StagingOptions(False, True, False, False)),
+            DcpContender("dcp_async_process_shm_async", root, model, opt, asynchronous=True,
+                         process=True, stager_options=StagingOptions(False, True, True, False)),
+        ]
+    return contenders
+
+
+def memcpy_floors(tensors: list[torch.Tensor], runs: int) -> dict[int, list[float]]:
+    """The copy at 1 thread and at ``nproc`` threads: the floor is the faster."""
+    counts = sorted({1, os.cpu_count() or 1})
+    return {threads: memcpy_floor(tensors, runs, threads) for threads in counts}
+
+
+def restore_sources(root: str, model: nn.Module, opt: torch.optim.Optimizer,
+                    saver: TorchSaveContender) -> dict[str, str]:
+    """The same state saved once by each restore side's writer (a store of its own for cairn:
+    a restore opens a new attempt, which fences the writer of the store it reads)."""
+    source = CairnContender("cairn_restore_source", root, model, opt, PersistMode.PROCESS)
+    try:
+        source.ckpt.save(0, wait=True)
+    finally:
+        source.close()
+    torch_path = os.path.join(root, "restore.pt")
+    saver.save_to(torch_path)
+    dcp_path = os.path.join(root, "restore-dcp")
+    dcp.save(dcp_state(model, opt), checkpoint_id=dcp_path, no_dist=True)
+    return {"cairn": source.path, "torch_load": torch_path, "torch_load_mmap": torch_path,
+            "dcp_load": dcp_path}
+
+
+def measure(args: argparse.Namespace, root: str, cfg: ModelConfig, model: GPT,
+            opt: torch.optim.Optimizer, trainer: Trainer,
+            tensors: list[torch.Tensor]) -> dict[str, Any]:
+    """Every measurement, in order; returns the raw results."""
+    raw: dict[str, Any] = {}
+    contenders: list[Contender] = []
+    try:
+        raw["memcpy"] = memcpy_floors(tensors, args.runs)
+        for threads, times in raw["memcpy"].items():
+            median = statistics.median(times)
+            log(f"memcpy, {threads} thread(s): {median:.3f}s "
+                f"({sum(t.nbytes for t in tensors) / median / 1e9:.2f} GB/s)")
+        contenders = make_contenders(root, model, opt, args)
+        raw["peers"] = {c.name: c.config for c in contenders}
+        log("snapshots:")
+        raw["snaps"] = snapshot_rounds(contenders, model, opt, args.runs, log)
+
+        cairn, saver = contenders[0], contenders[2]
+        assert isinstance(cairn, CairnContender) and isinstance(saver, TorchSaveContender)
+        for c in contenders[1:]:
+            c.close()
+        stop_dcp_process()
+        contenders = [cairn]
+        gc.collect()
+        sources = restore_sources(root, model, opt, saver)
+        gc.collect()
+        log("restore (page cache dropped before each):")
+        raw["restores"], raw["restore_parts"], raw["cold"] = restore_rounds(
+            sources, model, opt, args, log)
+        remove(sources["torch_load"])
+        remove(sources["dcp_load"])
+
+        raw["steps"] = {}
+        if not args.skip_steps:
+            log("step time while persisting:")
+            trainer.step()  # warm
+            step = 10**6
+            raw["steps"]["persist"] = persist_step_slowdown(
+                cairn.ckpt, trainer, max(1, args.runs // 2 + 1), args.step_samples, step, log)
+            log("amortized:")
+            raw["steps"]["amortized"] = amortized(cairn.ckpt, trainer, args.amortize_steps,
+                                                  args.snapshot_every, 2 * step, log)
+        cairn.close()
+        contenders = []
+        del tensors
+        gc.collect()
+
+        log("frozen 90% fine-tune:")
+        raw["frozen"] = frozen_bytes(cfg, args, root)
+    finally:
+        for c in contenders:
+            with contextlib.suppress(Exception):
+                c.close()
+        stop_dcp_process()
+    return raw
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def summarize_snapshots(snaps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    summary: dict[str, dict[str, Any]] = {}
+    for name, r in snaps.items():
+        summary[name] = {
+            "first_stall_s": round(r["first_stall"], 4),
+            "first_durable_s": round(r["first_durable"], 4),
+            "stall_median_s": round(statistics.median(r["stall"]), 4),
+            "stall_p95_s": round(p95(r["stall"]), 4),
+            "durable_median_s": round(statistics.median(r["durable"]), 4),
+            "durable_p95_s": round(p95(r["durable"]), 4),
+            "stall_runs_s": [round(x, 4) for x in r["stall"]],
+            "durable_runs_s": [round(x, 4) for x in r["durable"]],
+            "breakdown": mean_breakdown(r["profiles"]),  # of the durable time, mean of runs
+            "first_breakdown": r["first_breakdown"],
+        }
+    return summary
+
+
+def summarize_memcpy(memcpy: dict[int, list[float]], state_bytes: int) -> dict[str, Any]:
+    by_threads = {threads: statistics.median(times) for threads, times in memcpy.items()}
+    best = min(by_threads, key=lambda threads: by_threads[threads])
+    return {"median_s": round(by_threads[best], 4), "threads": best,
+            "gbps": round(state_bytes / by_threads[best] / 1e9, 3),
+            "by_threads": {str(t): {"median_s": round(by_threads[t], 4),
+                                    "p95_s": round(p95(memcpy[t]), 4),
+                                    "gbps": round(state_bytes / by_threads[t] / 1e9, 3),
+                                    "runs_s": [round(x, 4) for x in memcpy[t]]}
+                           for t in memcpy}}
+
+
+def print_snapshot_table(summary: dict[str, dict[str, Any]], memcpy: dict[str, Any],
+                         dcp_best: str) -> None:
+    header = (f"{'snapshot':<30} {'1st stall':>9} {'stall med':>9} {'stall p95':>9} "
+              f"{'1st dur.':>9} {'dur. med':>9} {'dur. p95':>9}")
+    print(header)
+    print("-" * len(header))
+    for threads, m in memcpy["by_threads"].items():
+        mark = " *" if int(threads) == memcpy["threads"] else ""
+        label = f"memcpy floor ({threads} thread{'s' if threads != '1' else ''}){mark}"
+        print(f"{label:<30} {'':>9} {m['median_s']:>9.3f} {m['p95_s']:>9.3f}"
+              f"   {m['gbps']:.2f} GB/s")
+    for name, s in summary.items():
+        mark = " *" if name == dcp_best else ""
+        print(f"{name + mark:<30} {s['first_stall_s']:>9.3f} {s['stall_median_s']:>9.3f} "
+              f"{s['stall_p95_s']:>9.3f} {s['first_durable_s']:>9.3f} "
+              f"{s['durable_median_s']:>9.3f} {s['durable_p95_s']:>9.3f}")
+    print("(* the floor: the faster memcpy; dcp_best: the async configuration with the lowest "
+          "median stall)")
+
+
+def print_restore_table(restores: dict[str, list[float]], cold: bool, best_load: str) -> None:
+    label = "restore" + ("" if cold else " [WARM CACHE: could not drop it]")
+    print(f"{label:<30} {'median':>9} {'runs':>30}")
+    for name, values in restores.items():
+        mark = " *" if name == best_load else ""
+        print(f"{name + mark:<30} {statistics.median(values):>9.3f}   "
+              f"{' '.join(f'{v:.3f}' for v in values)}")
+    print("(* the faster torch.load form, which restore_vs_torch_load uses)")
+
+
+def print_breakdowns(title: str, parts: dict[str, dict[str, Any]]) -> None:
+    print(f"where time goes, {title} (seconds; the parts add up to the total; pool: busy time "
+          "on other threads, overlapping it):")
+    for name, b in parts.items():
+        shown = " + ".join(f"{k} {v:.3f}" for k, v in b["parts_s"].items())
+        line = f"  {name:<28} {b['total_s']:.3f} = {shown}"
+        if b.get("pool_busy_s"):
+            line += " | pool: " + ", ".join(f"{k} {v:.3f}" for k, v in b["pool_busy_s"].items())
+        print(line)
+
+
+def print_peers(peers: dict[str, str]) -> None:
+    print("peer configurations:")
+    for name, text in peers.items():
+        print(f"  {name:<28} {text}")
+
+
+def print_steps(frozen: dict[str, Any], steps: dict[str, Any]) -> None:
+    print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
+          f"{frozen['bytes_written'] / 1e6:.1f} MB (padding {frozen['padding_bytes'] / 1e3:.0f} "
+          f"kB); changed tensors {frozen['floor_bytes'] / 1e6:.1f} MB (state "
+          f"{frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
+          f"{frozen['first_bytes_written'] / 1e6:.1f} MB)")
+    if steps:
+        ps, am = steps["persist"], steps["amortized"]
+        print(f"step {ps['step_s']:.3f}s; while persisting {ps['step_during_persist_s']:.3f}s "
+              f"(x{ps['persist_step_slowdown']:.2f}, {ps['steps_during_persist']} steps); "
+              f"durable while training within {statistics.median(ps['persist_windows_s']):.2f}s "
+              f"(median)")
+        print(f"{am['steps']} steps, snapshot every {am['snapshot_every']}: with "
+              f"{am['with_s']:.1f}s (each block's snapshot durable inside it), without "
+              f"{am['without_s']:.1f}s (x{am['amortized_slowdown']:.3f})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,14 +1046,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     torch.set_num_threads(args.threads)
     if args.restore_child:
-        side, source = args.restore_child
-        print(json.dumps(restore_once(side, source, args)))
+        pairs = [item.split("=", 1) for item in args.restore_child]
+        print(json.dumps([restore_once(side, source, args) for side, source in pairs]))
         return 0
-    cfg = SMALL if args.small else FULL
+    cfg = model_config(args)
     load_start = loadavg()
-
-    def log(text: str) -> None:
-        print(text, flush=True)
 
     torch.manual_seed(0)
     np.random.seed(0)
@@ -723,150 +1080,58 @@ def main(argv: list[str] | None = None) -> int:
         # DCP's PROCESS executor needs a default process group (it broadcasts the address of
         # its worker's store); one rank, in-process store. Every dcp call passes no_dist=True.
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-    out: dict[str, Any] = {}
-    contenders: list[Contender] = []
     try:
-        # memcpy floor
-        memcpy = memcpy_floor(tensors, args.runs)
-        memcpy_s = statistics.median(memcpy)
-        log(f"memcpy floor: {memcpy_s:.3f}s ({state_bytes / memcpy_s / 1e9:.2f} GB/s)")
-
-        # stall and time-to-durable
-        contenders = [
-            CairnContender("cairn", root, model, opt, PersistMode.PROCESS),
-            CairnContender("cairn_inline", root, model, opt, PersistMode.INLINE),
-            TorchSaveContender(root, model, opt),
-            DcpContender("dcp_save", root, model, opt, asynchronous=False),
-            DcpContender("dcp_async_default", root, model, opt, asynchronous=True),
-            DcpContender("dcp_async_thread_cached", root, model, opt, asynchronous=True,
-                         stager_options=StagingOptions(False, False, False, False)),
-        ]
-        if not args.no_dcp_process:
-            contenders += [
-                DcpContender("dcp_async_process_shm", root, model, opt, asynchronous=True,
-                             process=True,
-                             stager_options=StagingOptions(False, True, False, False)),
-                DcpContender("dcp_async_process_shm_async", root, model, opt,
-                             asynchronous=True, process=True,
-                             stager_options=StagingOptions(False, True, True, False)),
-            ]
-        log("snapshots:")
-        snaps = snapshot_rounds(contenders, model, opt, args.runs, log)
-
-        # the same state saved by the three restore sources (a store of its own for cairn:
-        # a restore opens a new attempt, which fences the writer of the store it reads)
-        cairn, saver = contenders[0], contenders[2]
-        assert isinstance(cairn, CairnContender) and isinstance(saver, TorchSaveContender)
-        for c in contenders[1:]:
-            c.close()
-        stop_dcp_process()
-        contenders = [cairn]
-        gc.collect()
-        source = CairnContender("cairn_restore_source", root, model, opt, PersistMode.PROCESS)
-        try:
-            source.ckpt.save(0, wait=True)
-        finally:
-            source.close()
-        torch_path = os.path.join(root, "restore.pt")
-        saver.save_to(torch_path)
-        dcp_path = os.path.join(root, "restore-dcp")
-        dcp.save(dcp_state(model, opt), checkpoint_id=dcp_path, no_dist=True)
-        gc.collect()
-        log("restore (page cache dropped before each):")
-        restores, cold = restore_rounds(
-            {"cairn": source.path, "torch_load": torch_path, "dcp_load": dcp_path},
-            model, opt, args, log)
-        remove(torch_path)
-        remove(dcp_path)
-
-        steps: dict[str, Any] = {}
-        if not args.skip_steps:
-            log("step time while persisting:")
-            trainer.step()  # warm
-            step = 10**6
-            steps["persist"] = persist_step_slowdown(cairn.ckpt, trainer,
-                                                     max(1, args.runs // 2 + 1),
-                                                     args.step_samples, step, log)
-            log("amortized:")
-            steps["amortized"] = amortized(cairn.ckpt, trainer, args.amortize_steps,
-                                           args.snapshot_every, 2 * step, log)
-        cairn.close()
-        contenders = []
-        del tensors
-        gc.collect()
-
-        log("frozen 90% fine-tune:")
-        frozen = frozen_bytes(cfg, args, root)
+        raw = measure(args, root, cfg, model, opt, trainer, tensors)
     finally:
-        for c in contenders:
-            with contextlib.suppress(Exception):
-                c.close()
-        stop_dcp_process()
         if dist.is_initialized():
             dist.destroy_process_group()
         shutil.rmtree(root, ignore_errors=True)
+    del tensors
+    out = report(args, raw, state_bytes, params)
+    out["loadavg_start"], out["loadavg_end"] = load_start, loadavg()
+    print(json.dumps(out))
+    return 0
 
-    # -- summary --------------------------------------------------------------------------
-    summary: dict[str, dict[str, Any]] = {}
-    for name, r in snaps.items():
-        summary[name] = {
-            "first_stall_s": round(r["first_stall"], 4),
-            "first_durable_s": round(r["first_durable"], 4),
-            "stall_median_s": round(statistics.median(r["stall"]), 4),
-            "stall_p95_s": round(p95(r["stall"]), 4),
-            "durable_median_s": round(statistics.median(r["durable"]), 4),
-            "durable_p95_s": round(p95(r["durable"]), 4),
-            "stall_runs_s": [round(x, 4) for x in r["stall"]],
-            "durable_runs_s": [round(x, 4) for x in r["durable"]],
-        }
+
+def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
+           params: int) -> dict[str, Any]:
+    """Print the tables and return every figure (the last line's JSON)."""
+    summary = summarize_snapshots(raw["snaps"])
+    memcpy = summarize_memcpy(raw["memcpy"], state_bytes)
     async_names = [n for n in summary if n.startswith("dcp_async")]
     dcp_best = min(async_names, key=lambda n: summary[n]["stall_median_s"])
-    cairn_stall = summary["cairn"]["stall_median_s"]
+    cairn = summary["cairn"]
+    restores, cold, steps, frozen = raw["restores"], raw["cold"], raw["steps"], raw["frozen"]
     restore_med = {k: statistics.median(v) for k, v in restores.items()}
+    best_load = min(TORCH_LOADS, key=lambda k: restore_med[k])
+    peers = {f"memcpy_{t}": f"numpy copyto of every tensor's bytes into a pre-faulted memfd "
+                            f"StagingBuffer, split evenly among {t} thread(s)"
+             for t in memcpy["by_threads"]}
+    peers.update(raw["peers"])
+    peers.update({f"restore_{k}": v for k, v in RESTORE_PEERS.items()})
 
     print()
     print(f"state {state_bytes / 1e9:.3f} GB ({params / 1e6:.1f} M parameters + Adam), "
           f"threads {args.threads}, {args.runs} runs; seconds")
-    header = (f"{'snapshot':<30} {'1st stall':>9} {'stall med':>9} {'stall p95':>9} "
-              f"{'1st dur.':>9} {'dur. med':>9} {'dur. p95':>9}")
-    print(header)
-    print("-" * len(header))
-    print(f"{'memcpy floor (1 thread)':<30} {'':>9} {memcpy_s:>9.3f} {p95(memcpy):>9.3f}"
-          f"   {state_bytes / memcpy_s / 1e9:.2f} GB/s")
-    for name, s in summary.items():
-        mark = " *" if name == dcp_best else ""
-        print(f"{name + mark:<30} {s['first_stall_s']:>9.3f} {s['stall_median_s']:>9.3f} "
-              f"{s['stall_p95_s']:>9.3f} {s['first_durable_s']:>9.3f} "
-              f"{s['durable_median_s']:>9.3f} {s['durable_p95_s']:>9.3f}")
-    print("(* dcp_best: the async configuration with the lowest median stall)")
+    print_snapshot_table(summary, memcpy, dcp_best)
     print()
-    label = "restore" + ("" if cold else " [WARM CACHE: could not drop it]")
-    print(f"{label:<30} {'median':>9} {'runs':>30}")
-    for name, values in restores.items():
-        print(f"{name:<30} {restore_med[name]:>9.3f}   "
-              f"{' '.join(f'{v:.3f}' for v in values)}")
+    print_restore_table(restores, cold, best_load)
     print()
-    print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
-          f"{frozen['bytes_written'] / 1e6:.1f} MB (padding {frozen['padding_bytes'] / 1e3:.0f} kB); "
-          "changed tensors "
-          f"{frozen['floor_bytes'] / 1e6:.1f} MB (state {frozen['state_bytes'] / 1e6:.1f} MB; 1st snapshot wrote "
-          f"{frozen['first_bytes_written'] / 1e6:.1f} MB)")
-    if steps:
-        ps, am = steps["persist"], steps["amortized"]
-        print(f"step {ps['step_s']:.3f}s; while persisting {ps['step_during_persist_s']:.3f}s "
-              f"(x{ps['persist_step_slowdown']:.2f}, {ps['steps_during_persist']} steps); "
-              f"durable while training within {statistics.median(ps['persist_windows_s']):.2f}s "
-              f"(median)")
-        print(f"{am['steps']} steps, snapshot every {am['snapshot_every']}: with "
-              f"{am['with_s']:.1f}s, without {am['without_s']:.1f}s "
-              f"(x{am['amortized_slowdown']:.3f})")
+    print_steps(frozen, steps)
+    print()
+    print_breakdowns(f"snapshots (time to durable, mean of {args.runs} runs)",
+                     {n: s["breakdown"] for n, s in summary.items()})
+    print_breakdowns("cairn's first snapshot", {"cairn (first)": cairn["first_breakdown"]})
+    print_breakdowns(f"restores (mean of {args.runs} runs)", raw["restore_parts"])
+    print()
+    print_peers(peers)
     figures = {
-        "stall_vs_memcpy": round(cairn_stall / memcpy_s, 4),
-        "stall_vs_dcp_best": round(cairn_stall / summary[dcp_best]["stall_median_s"], 4),
-        "restore_vs_torch_load": round(restore_med["cairn"] / restore_med["torch_load"], 4),
+        "stall_vs_memcpy": round(cairn["stall_median_s"] / memcpy["median_s"], 4),
+        "stall_vs_dcp_best": round(cairn["stall_median_s"] / summary[dcp_best]["stall_median_s"], 4),
+        "restore_vs_torch_load": round(restore_med["cairn"] / restore_med[best_load], 4),
         "frozen90_vs_floor": frozen["frozen90_vs_floor"],
         "amortized_slowdown": steps["amortized"]["amortized_slowdown"] if steps else None,
+        "first_stall_vs_median": round(cairn["first_stall_s"] / cairn["stall_median_s"], 4),
     }
     targets = {k: {"value": v, "target": TARGETS[k], "met": v is not None and v <= TARGETS[k]}
                for k, v in figures.items()}
@@ -876,31 +1141,32 @@ def main(argv: list[str] | None = None) -> int:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         print(f"{k:<24} {value:>8} {t['target']:>6.2f}  {'yes' if t['met'] else 'NO'}")
     print()
-    out.update(figures)
-    out.update({
+    return {
+        **figures,
         "restore_vs_dcp_load": round(restore_med["cairn"] / restore_med["dcp_load"], 4),
+        "restore_vs_torch_load_plain": round(restore_med["cairn"] / restore_med["torch_load"], 4),
+        "restore_vs_torch_load_mmap": round(
+            restore_med["cairn"] / restore_med["torch_load_mmap"], 4),
+        "torch_load_best": best_load,
         "dcp_best": dcp_best,
         "targets": targets,
+        "peers": peers,
         "state_bytes": state_bytes,
         "params": params,
         "small": args.small,
+        "quick": args.quick,
         "threads": args.threads,
         "runs": args.runs,
         "batch": args.batch,
         "seq": args.seq,
         "cold_cache": cold,
-        "memcpy": {"median_s": round(memcpy_s, 4), "gbps": round(state_bytes / memcpy_s / 1e9, 3),
-                   "runs_s": [round(x, 4) for x in memcpy]},
+        "memcpy": memcpy,
         "snapshots": summary,
-        "restore": {k: {"median_s": round(restore_med[k], 4),
-                        "runs_s": [round(x, 4) for x in v]} for k, v in restores.items()},
+        "restore": {k: {"median_s": round(restore_med[k], 4), "runs_s": [round(x, 4) for x in v],
+                        "breakdown": raw["restore_parts"][k]} for k, v in restores.items()},
         "frozen90": frozen,
         "steps": steps,
-        "loadavg_start": load_start,
-        "loadavg_end": loadavg(),
-    })
-    print(json.dumps(out))
-    return 0
+    }
 
 
 if __name__ == "__main__":
