@@ -7,9 +7,8 @@ in its own session, with stdin ``/dev/null`` and stdout/stderr appended to log f
 terminal, no sockets. It is started at a high PID (``cairn.process.pids.spawn_at``, as
 ``cairn run`` does) with ``PR_SET_PDEATHSIG=SIGKILL`` so it never outlives the bench.
 
-Each size then goes through rounds; in every round *both* sides dump the same state, in
-alternating order (plain first on even rounds, cairn first on odd ones; the start flips from
-size to size):
+Each size then goes through rounds; in every round every side dumps the same state, in
+rotating order (each side goes first in turn; the start moves from size to size):
 
 * round 0: the **first** dump;
 * rounds 1 .. ``--runs``-1: **consecutive** dumps, each after the workload replaced 10% of
@@ -20,22 +19,33 @@ size to size):
 
 The sides of one round:
 
-* **plain**: ``criu dump --leave-running`` (the command line of
+* **plain, disk**: ``criu dump --leave-running`` (the command line of
   ``cairn.process.criu.dump``: ``-o dump.log --manage-cgroups=ignore --ghost-limit 512M``)
   into a fresh directory under the bench directory, then ``sync``. Dump-to-durable = dump +
-  sync. Bytes written = the image (CRIU writes all of it every time).
-* **cairn**: what ``cairn run`` does: the same dump into a fresh staging directory on the same
-  filesystem, then ``cairn.process.snapshot.ingest`` into a local store (durable when it
-  returns; chunks of the pages images start at every pagemap entry and every 32 KiB of virtual
-  address, and dedup against the key's previous snapshot), then the staging is deleted (not
-  timed). Dump-to-durable = dump + ingest. Bytes written = ``IngestReport.bytes_written``.
+  sync. Bytes written = the image (CRIU writes all of it every time). Its directory is what
+  the plain restore uses.
+* **plain, tmpfs**: the same dump into a fresh directory in ``/dev/shm`` (removed at once; not
+  durable), whenever the memory headroom covers 1.2 x the size (as cairn's policy requires).
+* **cairn**: what ``cairn run`` does: the same dump into a fresh staging directory where its
+  staging policy puts it (``cairn.process.staging``, ``--staging auto``: tmpfs when the
+  headroom covers 1.2 x the last image, the resident memory before the first, else the bench
+  directory's disk), then ``cairn.process.snapshot.ingest`` into a local store on disk
+  (durable when it returns; chunks of the pages images start at every pagemap entry and every
+  32 KiB of virtual address, and dedup against the key's previous snapshot), then the staging
+  is deleted (not timed). Dump-to-durable = dump + ingest. Bytes written =
+  ``IngestReport.bytes_written``. The ingest's time is split into the store's chunk digests
+  (``hash``) and the rest (read, dedup, pack writes, fsyncs, commit).
 
-Before each side the bench runs ``sync`` and drops the page cache, so that neither side
-starts with the other's dirty pages or a fuller cache. Frozen time is CRIU's own
-``frozen_time`` from the dump's ``stats-dump`` (``cairn.process.images.read_dump_stats``) for
-both sides. Per size: ``frozen_ratio`` = median cairn frozen / median plain frozen over all
-rounds; ``consecutive_bytes_fraction`` = cairn's bytes written / image bytes of the same dump,
-median over the consecutive contiguous rounds.
+Before each side the bench runs ``sync`` and drops the page cache, so that no side starts
+with another's dirty pages or a fuller cache. Frozen time is CRIU's own ``frozen_time`` from
+the dump's ``stats-dump`` (``cairn.process.images.read_dump_stats``) for every side. Per size:
+``frozen_ratio`` = median cairn frozen / median plain frozen on plain's faster medium (named
+in the output and in ``plain_best``), over all rounds; ``floor_ms`` = the image bytes over the
+host's memory bandwidth (``memmove`` between two 256 MiB buffers, best of 3, on one thread and
+on ``nproc`` threads, the faster; measured once at the start): a dump to tmpfs copies every
+page once, so no dump of that image can be frozen for less; ``frozen_vs_floor`` = cairn's
+frozen / the floor (no target); ``consecutive_bytes_fraction`` = cairn's bytes written /
+image bytes of the same dump, median over the consecutive contiguous rounds.
 
 **Restore** (after the last round): the workload's checksum of its buffer is taken before the
 last round's dumps, then it is killed; ``--restore-runs`` times (alternating order), page cache
@@ -46,14 +56,15 @@ fsynced) into a fresh directory + the same ``criu restore`` of its images. Each 
 process must be alive and report the same checksum (``restore_verified``); it is then killed.
 
 **torch** (no target): ``tests/support/criu_training.py`` (a DataLoader with 2 worker
-processes) is dumped by both sides, twice, ``--torch-gap`` seconds apart; the table gives its
+processes) is dumped by every side, twice, ``--torch-gap`` seconds apart; the table gives its
 image bytes and what cairn wrote for the first and the consecutive dump.
 
-Top-level figures (last line, JSON): ``frozen_ratio`` and ``consecutive_bytes_fraction`` are
-the worst (largest) over the sizes; targets: ``frozen_ratio`` <= 1.2,
-``consecutive_bytes_fraction`` <= 0.2. Needs root and CRIU (``make criu``); about 5x the
-largest size of free disk under ``--dir`` (default a temp dir under /var/tmp, removed at the
-end). MB is 10**6 bytes. Every process the bench starts is killed (with its process group) and
+Top-level figures (last line, JSON): ``frozen_ratio``, ``frozen_vs_floor`` and
+``consecutive_bytes_fraction`` are the worst (largest) over the sizes, each also by size;
+targets: ``frozen_ratio`` <= 1.2, ``consecutive_bytes_fraction`` <= 0.2. Needs root and CRIU
+(``make criu``); about 5x the largest size of free disk under ``--dir`` (default a temp dir
+under /var/tmp, removed at the end) and, for the tmpfs sides, 1.2x the largest size free in
+``/dev/shm`` (its directory there is removed at the end too). MB is 10**6 bytes. Every process the bench starts is killed (with its process group) and
 reaped before it exits, on failure too.
 """
 
@@ -61,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -70,6 +82,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -79,9 +92,11 @@ from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
+from cairn.process import staging as staging_mod
 from cairn.process import workload as workload_mod
 from cairn.process.images import PAGE_CHUNK, read_dump_stats
 from cairn.store import Key, Store, open_store
+from cairn.store import writer as writer_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -91,6 +106,9 @@ TRAINING = os.path.join(REPO, "tests", "support", "criu_training.py")
 FRACTION = 0.10
 RUN_BYTES = 64 << 10
 TARGETS = {"frozen_ratio": 1.2, "consecutive_bytes_fraction": 0.2}
+PLAIN_MEDIA = ("disk", "tmpfs")  # plain CRIU dumps to both; its faster one is the baseline
+BANDWIDTH_BYTES = 256 << 20  # per buffer of the memory-bandwidth probe
+BANDWIDTH_RUNS = 3
 PR_SET_PDEATHSIG = 1
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -151,6 +169,63 @@ def tail(path: str, lines: int = 10) -> str:
             return "\n".join(f.read().splitlines()[-lines:])
     except OSError:
         return ""
+
+
+# -- the floor: how fast this host copies memory ------------------------------------------------
+
+
+def memory_bandwidth(nbytes: int = BANDWIDTH_BYTES, runs: int = BANDWIDTH_RUNS) -> dict[str, Any]:
+    """Bytes copied per second by ``memmove`` between two ``nbytes`` buffers, best of ``runs``,
+    on one thread and split over ``os.cpu_count()`` threads (ctypes calls release the GIL);
+    ``gbps`` is the faster of the two. A dump to tmpfs copies each page once, so the image
+    bytes over this rate is the least time any dump of them can take (the floor)."""
+    src, dst = bytearray(os.urandom(1 << 20) * (nbytes >> 20)), bytearray(nbytes)
+    src_addr = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+    ctypes.memmove(dst_addr, src_addr, nbytes)  # fault every page in before timing
+    threads = max(1, os.cpu_count() or 1)
+
+    def copy(parts: int) -> float:
+        step = -(-nbytes // parts) // 4096 * 4096 or nbytes
+        spans = [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
+        workers = [threading.Thread(target=ctypes.memmove,
+                                    args=(dst_addr + o, src_addr + o, n)) for o, n in spans[1:]]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        ctypes.memmove(dst_addr + spans[0][0], src_addr + spans[0][0], spans[0][1])
+        for w in workers:
+            w.join()
+        return nbytes / (time.perf_counter() - start)
+
+    single = max(copy(1) for _ in range(runs))
+    parallel = max(copy(threads) for _ in range(runs))
+    del src, dst
+    best = "1 thread" if single >= parallel else f"{threads} threads"
+    return {"gbps": round(max(single, parallel) / 1e9, 3), "config": best,
+            "single_thread_gbps": round(single / 1e9, 3),
+            "all_threads_gbps": round(parallel / 1e9, 3), "threads": threads,
+            "buffer_bytes": nbytes, "runs": runs}
+
+
+@contextlib.contextmanager
+def hash_timer() -> Any:
+    """Seconds the store spends in its chunk digest while the block runs (``["s"]``)."""
+    spent = {"s": 0.0}
+    original = writer_mod.compute_digest
+
+    def timed(data: Any) -> str:
+        start = time.perf_counter()
+        try:
+            return original(data)
+        finally:
+            spent["s"] += time.perf_counter() - start
+
+    writer_mod.compute_digest = timed
+    try:
+        yield spent
+    finally:
+        writer_mod.compute_digest = original
 
 
 # -- processes the bench starts -----------------------------------------------------------------
@@ -282,53 +357,81 @@ class Workload:
 class Sides:
     """Dump / restore, plain CRIU and cairn, for one process tree."""
 
-    def __init__(self, criu: str, root: str, store: Store, key: str) -> None:
+    def __init__(self, criu: str, root: str, store: Store, key: str, shm: str) -> None:
         self.criu = criu
         self.root = root
+        self.shm = shm  # the bench's directory on tmpfs
         self.store = store
         self.attempt = store.open_attempt(Key.parse(key))
-        self.plain_dir: str | None = None
+        self.plain_dir: str | None = None  # the last plain dump on disk (what restores use)
         self.manifest: Any = None
         self.count = 0
+        self.last_image: int | None = None  # what cairn's staging policy sizes the next dump by
 
-    def plain_dump(self, pid: int) -> dict[str, Any]:
-        if self.plain_dir is not None:
-            shutil.rmtree(self.plain_dir, ignore_errors=True)
+    def plain_dump(self, pid: int, medium: str) -> dict[str, Any]:
+        """``criu dump`` into a fresh directory on ``medium`` (disk: then ``sync``, so that
+        dump-to-durable is comparable; tmpfs: the images are removed at once)."""
         self.count += 1
-        self.plain_dir = os.path.join(self.root, f"plain-{self.count}")
-        os.makedirs(self.plain_dir)
-        start = time.perf_counter()
-        criu_mod.dump(self.criu, pid, self.plain_dir, leave_running=True, timeout=600)
-        dumped = time.perf_counter()
-        os.sync()
-        durable = time.perf_counter()
-        stats = read_dump_stats(self.plain_dir)
-        size = image_bytes(self.plain_dir)
-        return {"frozen_us": stats.frozen_us, "freezing_us": stats.freezing_us,
+        on_disk = medium == "disk"
+        if on_disk and self.plain_dir is not None:
+            shutil.rmtree(self.plain_dir, ignore_errors=True)
+        directory = os.path.join(self.root if on_disk else self.shm, f"plain-{self.count}")
+        os.makedirs(directory)
+        try:
+            start = time.perf_counter()
+            criu_mod.dump(self.criu, pid, directory, leave_running=True, timeout=600)
+            dumped = time.perf_counter()
+            if on_disk:
+                os.sync()
+            durable = time.perf_counter()
+            stats = read_dump_stats(directory)
+            size = image_bytes(directory)
+        finally:
+            if on_disk:
+                self.plain_dir = directory
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+        return {"medium": medium, "frozen_us": stats.frozen_us, "freezing_us": stats.freezing_us,
                 "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
                 "dump_s": round(dumped - start, 4), "sync_s": round(durable - dumped, 4),
-                "durable_s": round(durable - start, 4), "image_bytes": size,
-                "bytes_written": size}
+                "durable_s": round(durable - start, 4) if on_disk else None,
+                "image_bytes": size, "bytes_written": size}
 
     def cairn_dump(self, pid: int, tracked: list[str], compat: dict[str, Any],
                    tree: list[int]) -> dict[str, Any]:
+        """What ``cairn run`` does: stage where its policy (``--staging auto``) puts this
+        dump (sized by the last image, the resident memory before the first), dump, ingest."""
         self.count += 1
-        staging = os.path.join(self.root, "staging", f"dump-{self.count}")
+        estimate = workload_mod.resident_bytes(tree) if self.last_image is None else None
+        choice = staging_mod.choose_staging(
+            staging_mod.StagingMedium.AUTO, image_bytes=self.last_image, estimate_bytes=estimate,
+            memory_dir=os.path.join(self.shm, "staging"),
+            disk_dir=os.path.join(self.root, "staging"))
+        staging = os.path.join(choice.parent, f"dump-{self.count}")
         os.makedirs(staging)
         try:
             start = time.perf_counter()
             criu_mod.dump(self.criu, pid, staging, leave_running=True, timeout=600)
             dumped = time.perf_counter()
-            report = snap_mod.ingest(self.attempt, staging, tracked_paths=tracked, compat=compat,
-                                     info={"root_pid": pid, "pids": tree, "leave_running": True})
+            with hash_timer() as hashing:
+                # The workload's files are under the bench's directory, not the staging's.
+                report = snap_mod.ingest(self.attempt, staging, tracked_paths=tracked,
+                                         roots=snap_mod.track_roots(log_dir=self.root),
+                                         compat=compat, info={"root_pid": pid, "pids": tree,
+                                                              "leave_running": True})
             durable = time.perf_counter()
             stats = read_dump_stats(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.manifest = report.manifest
-        return {"frozen_us": report.frozen_us, "freezing_us": stats.freezing_us,
+        self.last_image = report.image_bytes
+        ingest_s = durable - dumped
+        return {"medium": choice.medium.value, "staging_reason": choice.reason,
+                "frozen_us": report.frozen_us, "freezing_us": stats.freezing_us,
                 "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
-                "dump_s": round(dumped - start, 4), "ingest_s": round(durable - dumped, 4),
+                "dump_s": round(dumped - start, 4), "ingest_s": round(ingest_s, 4),
+                "ingest_hash_s": round(hashing["s"], 4),
+                "ingest_rest_s": round(ingest_s - hashing["s"], 4),
                 "durable_s": round(durable - start, 4), "image_bytes": report.image_bytes,
                 "bytes_written": report.bytes_written, "seq": report.manifest.seq}
 
@@ -363,13 +466,46 @@ def alternate(first_plain: bool) -> list[str]:
     return ["plain", "cairn"] if first_plain else ["cairn", "plain"]
 
 
+def dump_order(sides: list[str], turn: int) -> list[str]:
+    """``sides`` rotated by ``turn``: over consecutive rounds each side goes first in turn."""
+    k = turn % len(sides)
+    return sides[k:] + sides[:k]
+
+
+def plain_media(shm: str, size: int) -> list[str]:
+    """Where plain CRIU dumps: disk always; tmpfs where cairn's policy would stage there too
+    (the headroom covers 1.2 x the image), else the dump would fail for space."""
+    room = staging_mod.memory_headroom_bytes(shm)
+    return list(PLAIN_MEDIA) if room >= staging_mod.MEMORY_FACTOR * size else ["disk"]
+
+
+def dump_round(sides: Sides, order: list[str], pid: int, tracked: list[str],
+               compat: dict[str, Any]) -> dict[str, Any]:
+    """One dump by each of ``order`` ("plain-disk", "plain-tmpfs", "cairn"), the page cache
+    dropped before each; plain's figures under ``plain_by_medium``."""
+    row: dict[str, Any] = {"order": order, "plain_by_medium": {}}
+    for side in order:
+        drop_caches()
+        tree = workload_mod.process_tree(pid)
+        if side == "cairn":
+            row["cairn"] = sides.cairn_dump(pid, tracked, compat, tree)
+        else:
+            medium = side.split("-", 1)[1]
+            row["plain_by_medium"][medium] = sides.plain_dump(pid, medium)
+        row["processes"] = len(tree)
+    return row
+
+
 # -- one size -------------------------------------------------------------------------------------
 
 
-def bench_size(args: argparse.Namespace, criu: str, root: str, size: int, index: int,
+def bench_size(args: argparse.Namespace, criu: str, root: str, shm_root: str, size: int,
+               index: int, bandwidth: dict[str, Any],
                log: Callable[[str], None]) -> dict[str, Any]:
     here = os.path.join(root, f"size-{size}")
     os.makedirs(here)
+    shm = os.path.join(shm_root, f"size-{size}")
+    os.makedirs(shm)
     wl = Workload(here, size, seed=index)
     store = open_store(os.path.join(here, "store"))
     rounds: list[dict[str, Any]] = []
@@ -382,7 +518,9 @@ def bench_size(args: argparse.Namespace, criu: str, root: str, size: int, index:
         log(f"{human(size)}: workload pid {wl.pid} ready in {time.perf_counter() - started:.1f}s")
         compat = compat_mod.current_record(wl.argv, cwd=wl.dir, criu=criu)
         tracked = [wl.stdout, wl.stderr]
-        sides = Sides(criu, here, store, f"bench/process/{size}")
+        sides = Sides(criu, here, store, f"bench/process/{size}", shm)
+        media = plain_media(shm, size)
+        names = [f"plain-{m}" for m in media] + ["cairn"]
         kinds = ["first"] + ["contiguous"] * (args.runs - 1) + ["scattered"]
         expected = ""
         for r, kind in enumerate(kinds):
@@ -393,20 +531,17 @@ def bench_size(args: argparse.Namespace, criu: str, root: str, size: int, index:
                 changed = int(wl.command(f"scatter {FRACTION}"))
             if r == len(kinds) - 1:
                 expected = wl.command("checksum")  # the state both sides dump last
-            order = alternate((r + index) % 2 == 0)
-            row: dict[str, Any] = {"kind": kind, "changed_bytes": changed, "order": order}
-            for side in order:
-                drop_caches()
-                if side == "plain":
-                    row["plain"] = sides.plain_dump(wl.pid)
-                else:
-                    tree = workload_mod.process_tree(wl.pid)
-                    row["cairn"] = sides.cairn_dump(wl.pid, tracked, compat, tree)
-            p, c = row["plain"], row["cairn"]
-            log(f"  round {r} {kind:<10} frozen ms plain {p['frozen_us'] / 1e3:7.1f} cairn "
-                f"{c['frozen_us'] / 1e3:7.1f}; durable s plain {p['durable_s']:6.2f} cairn "
-                f"{c['durable_s']:6.2f}; image {c['image_bytes'] / 1e6:7.1f} MB, cairn wrote "
-                f"{c['bytes_written'] / 1e6:7.1f} MB ({order[0]} first)")
+            order = dump_order(names, r + index)
+            row = {"kind": kind, "changed_bytes": changed,
+                   **dump_round(sides, order, wl.pid, tracked, compat)}
+            row["plain"] = row["plain_by_medium"]["disk"]  # what the restore and sizes use
+            by, c = row["plain_by_medium"], row["cairn"]
+            plain_text = " ".join(f"{m} {by[m]['frozen_us'] / 1e3:7.1f}" for m in media)
+            log(f"  round {r} {kind:<10} frozen ms plain {plain_text} cairn "
+                f"({c['medium']}) {c['frozen_us'] / 1e3:7.1f}; durable s plain disk "
+                f"{row['plain']['durable_s']:6.2f} cairn {c['durable_s']:6.2f}; image "
+                f"{c['image_bytes'] / 1e6:7.1f} MB, cairn wrote {c['bytes_written'] / 1e6:7.1f} "
+                f"MB ({order[0]} first)")
             rounds.append(row)
 
         # restore: kill, restore one side's images, check, kill, the other side's
@@ -430,16 +565,56 @@ def bench_size(args: argparse.Namespace, criu: str, root: str, size: int, index:
         wl.kill()
         store.close()
         shutil.rmtree(here, ignore_errors=True)
-    return summarize_size(size, rounds, restores, fetch_s, verified)
+        shutil.rmtree(shm, ignore_errors=True)
+    return summarize_size(size, rounds, restores, fetch_s, verified, bandwidth)
 
 
 def med(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
+def summarize_dumps(rounds: list[dict[str, Any]], bandwidth: dict[str, Any]) -> dict[str, Any]:
+    """Frozen time: cairn against plain CRIU's faster medium, and both against the floor (the
+    image over the host's memory bandwidth); the dump side's breakdown."""
+    media = list(rounds[0]["plain_by_medium"])
+    plain = {m: statistics.median(r["plain_by_medium"][m]["frozen_us"] / 1e3 for r in rounds)
+             for m in media}
+    best = min(media, key=lambda m: plain[m])
+    cairn = statistics.median(r["cairn"]["frozen_us"] / 1e3 for r in rounds)
+    image = statistics.median(r["cairn"]["image_bytes"] for r in rounds)
+    floor_ms = image / (bandwidth["gbps"] * 1e9) * 1e3
+    cairn_media = sorted({r["cairn"]["medium"] for r in rounds})
+
+    def cairn_med(field: str, scale: float = 1.0) -> float | None:
+        return med([r["cairn"][field] / scale for r in rounds])
+
+    return {
+        "frozen_ratio": round(cairn / plain[best], 4),
+        "plain_best": best,
+        "plain_media": media,
+        "cairn_staging": cairn_media[0] if len(cairn_media) == 1 else "+".join(cairn_media),
+        "cairn_staging_reason": rounds[-1]["cairn"]["staging_reason"],
+        "floor_ms": round(floor_ms, 2),
+        "frozen_vs_floor": round(cairn / floor_ms, 4),
+        "plain_vs_floor": round(plain[best] / floor_ms, 4),
+        "frozen_ms": {"plain": round(plain[best], 2), "cairn": round(cairn, 2),
+                      "plain_by_medium": {m: round(v, 2) for m, v in plain.items()},
+                      "plain_runs": {m: [round(r["plain_by_medium"][m]["frozen_us"] / 1e3, 2)
+                                         for r in rounds] for m in media},
+                      "cairn_runs": [round(r["cairn"]["frozen_us"] / 1e3, 2) for r in rounds]},
+        "breakdown": {"cairn_freezing_ms": cairn_med("freezing_us", 1e3),
+                      "cairn_memdump_ms": cairn_med("memdump_us", 1e3),
+                      "cairn_memwrite_ms": cairn_med("memwrite_us", 1e3),
+                      "cairn_dump_s": cairn_med("dump_s"),
+                      "cairn_ingest_s": cairn_med("ingest_s"),
+                      "cairn_ingest_hash_s": cairn_med("ingest_hash_s"),
+                      "cairn_ingest_rest_s": cairn_med("ingest_rest_s")},
+    }
+
+
 def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, list[float]],
-                   fetch_s: list[float], verified: list[bool]) -> dict[str, Any]:
-    frozen = {s: [r[s]["frozen_us"] / 1e3 for r in rounds] for s in ("plain", "cairn")}
+                   fetch_s: list[float], verified: list[bool],
+                   bandwidth: dict[str, Any]) -> dict[str, Any]:
     first = rounds[0]
     contig = [r for r in rounds if r["kind"] == "contiguous"]
     scattered = [r for r in rounds if r["kind"] == "scattered"]
@@ -447,7 +622,7 @@ def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, 
     fractions = [r["cairn"]["bytes_written"] / r["cairn"]["image_bytes"] for r in contig]
     scatter_fractions = [r["cairn"]["bytes_written"] / r["cairn"]["image_bytes"]
                          for r in scattered]
-    frozen_ratio = statistics.median(frozen["cairn"]) / statistics.median(frozen["plain"])
+    dumps = summarize_dumps(rounds, bandwidth)
 
     def durable(side: str, rows: list[dict[str, Any]]) -> float | None:
         return med([r[side]["durable_s"] for r in rows])
@@ -455,14 +630,10 @@ def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, 
     return {
         "size_bytes": size,
         "label": human(size),
-        "frozen_ratio": round(frozen_ratio, 4),
+        **dumps,
         "consecutive_bytes_fraction": round(statistics.median(fractions), 4),
         "consecutive_bytes_fractions": [round(f, 4) for f in fractions],
         "scattered_bytes_fraction": round(scatter_fractions[0], 4) if scatter_fractions else None,
-        "frozen_ms": {"plain": round(statistics.median(frozen["plain"]), 2),
-                      "cairn": round(statistics.median(frozen["cairn"]), 2),
-                      "plain_runs": [round(x, 2) for x in frozen["plain"]],
-                      "cairn_runs": [round(x, 2) for x in frozen["cairn"]]},
         "durable_s": {"plain_first": first["plain"]["durable_s"],
                       "cairn_first": first["cairn"]["durable_s"],
                       "plain_consecutive": durable("plain", consecutive),
@@ -495,10 +666,12 @@ def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, 
 # -- a real torch training process ---------------------------------------------------------------
 
 
-def bench_torch(args: argparse.Namespace, criu: str, root: str,
+def bench_torch(args: argparse.Namespace, criu: str, root: str, shm_root: str,
                 log: Callable[[str], None]) -> dict[str, Any]:
     here = os.path.join(root, "torch")
     os.makedirs(here)
+    shm = os.path.join(shm_root, "torch")
+    os.makedirs(shm)
     metrics = os.path.join(here, "metrics.txt")
     argv = [sys.executable, TRAINING, "--steps", str(10**9), "--metrics", metrics,
             "--out", os.path.join(here, "weights.bin"), "--sleep", "0.05"]
@@ -532,27 +705,21 @@ def bench_torch(args: argparse.Namespace, criu: str, root: str,
         tree = workload_mod.process_tree(proc.pid)
         tracked = workload_mod.append_files(workload_mod.open_files(tree))
         compat = compat_mod.current_record(argv, cwd=here, criu=criu)
-        sides = Sides(criu, here, store, "bench/process/torch")
+        sides = Sides(criu, here, store, "bench/process/torch", shm)
+        names = [f"plain-{m}" for m in plain_media(shm, workload_mod.resident_bytes(tree))]
         log(f"torch: training pid {proc.pid}, {len(tree)} processes, step {steps()}")
         for r in range(2):
             if r:
                 time.sleep(args.torch_gap)
-            order = alternate(r % 2 == 0)
-            row: dict[str, Any] = {"kind": "first" if r == 0 else "consecutive",
-                                   "order": order}
-            for side in order:
-                drop_caches()
-                tree = workload_mod.process_tree(proc.pid)
-                row["processes"] = len(tree)
-                row["step"] = steps()
-                if side == "plain":
-                    row["plain"] = sides.plain_dump(proc.pid)
-                else:
-                    row["cairn"] = sides.cairn_dump(proc.pid, tracked, compat, tree)
-            p, c = row["plain"], row["cairn"]
-            log(f"  dump {r}: frozen ms plain {p['frozen_us'] / 1e3:.1f} cairn "
-                f"{c['frozen_us'] / 1e3:.1f}; image {c['image_bytes'] / 1e6:.1f} MB, cairn "
-                f"wrote {c['bytes_written'] / 1e6:.1f} MB")
+            row = {"kind": "first" if r == 0 else "consecutive", "step": steps(),
+                   **dump_round(sides, dump_order([*names, "cairn"], r), proc.pid, tracked,
+                                compat)}
+            by, c = row["plain_by_medium"], row["cairn"]
+            row["plain"] = min(by.values(), key=lambda d: d["frozen_us"])
+            plain_text = " ".join(f"{m} {d['frozen_us'] / 1e3:.1f}" for m, d in by.items())
+            log(f"  dump {r}: frozen ms plain {plain_text} cairn "
+                f"({c['medium']}) {c['frozen_us'] / 1e3:.1f}; image "
+                f"{c['image_bytes'] / 1e6:.1f} MB, cairn wrote {c['bytes_written'] / 1e6:.1f} MB")
             rounds.append(row)
         if popen.poll() is not None:
             raise RuntimeError(f"the training process died after the dumps:\n{tail(stderr)}")
@@ -561,6 +728,7 @@ def bench_torch(args: argparse.Namespace, criu: str, root: str,
             proc.kill()
         store.close()
         shutil.rmtree(here, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
     first, second = rounds
     return {
         "processes": second["processes"],
@@ -580,23 +748,65 @@ def bench_torch(args: argparse.Namespace, criu: str, root: str,
 # -- output ---------------------------------------------------------------------------------------
 
 
+def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None:
+    """Frozen time (CRIU's own), plain on each medium, cairn on its staging, the floor; then
+    where the dump side's time goes."""
+    print(f"frozen ms (medians over all rounds): plain CRIU per medium, cairn on the medium its "
+          f"staging policy chose; ratio = cairn / plain's faster medium; floor = image / "
+          f"{bandwidth['gbps']:.2f} GB/s memmove ({bandwidth['config']}; 1 thread "
+          f"{bandwidth['single_thread_gbps']:.2f}, {bandwidth['threads']} threads "
+          f"{bandwidth['all_threads_gbps']:.2f} GB/s)")
+    h = (f"{'size':<8} {'plain':>9} {'plain':>9} {'plain':>6} {'cairn':>9} {'cairn':>7} "
+         f"{'ratio':>6} | {'floor':>7} {'cairn /':>7} {'plain /':>7}")
+    print(h)
+    print(f"{'':<8} {'disk':>9} {'tmpfs':>9} {'best':>6} {'':>9} {'staging':>7} {'':>6} | "
+          f"{'ms':>7} {'floor':>7} {'floor':>7}")
+    print("-" * len(h))
+    for s in sizes:
+        f = s["frozen_ms"]
+        by = f["plain_by_medium"]
+        tmpfs = f"{by['tmpfs']:>9.1f}" if "tmpfs" in by else f"{'-':>9}"
+        print(f"{s['label']:<8} {by['disk']:>9.1f} {tmpfs} {s['plain_best']:>6} "
+              f"{f['cairn']:>9.1f} {s['cairn_staging']:>7} {s['frozen_ratio']:>6.2f} | "
+              f"{s['floor_ms']:>7.1f} {s['frozen_vs_floor']:>7.2f} {s['plain_vs_floor']:>7.2f}")
+    for s in sizes:
+        print(f"  {s['label']}: plain CRIU baseline = criu dump to {s['plain_best']} (the faster "
+              f"of {', '.join(s['plain_media'])}); cairn staging: {s['cairn_staging_reason']}")
+    print()
+    h = (f"{'cairn':<8} {'freeze':>7} {'memdump':>7} {'memwrite':>8} | {'dump':>6} "
+         f"{'ingest':>6} {'hash':>6} {'rest':>6}")
+    print(h)
+    print(f"{'dump':<8} {'ms':>7} {'ms':>7} {'ms':>8} | {'s':>6} {'s':>6} {'s':>6} {'s':>6}")
+    print("-" * len(h))
+    for s in sizes:
+        b = s["breakdown"]
+        print(f"{s['label']:<8} {b['cairn_freezing_ms']:>7.1f} {b['cairn_memdump_ms']:>7.1f} "
+              f"{b['cairn_memwrite_ms']:>8.1f} | {b['cairn_dump_s']:>6.2f} "
+              f"{b['cairn_ingest_s']:>6.2f} {b['cairn_ingest_hash_s']:>6.2f} "
+              f"{b['cairn_ingest_rest_s']:>6.2f}")
+    print("(CRIU's freeze / page collection / page write inside the frozen time; dump = the "
+          "whole criu dump; ingest = hash (the store's chunk digests) + rest (read, dedup, pack "
+          "writes, fsync, commit))")
+
+
 def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
-                 args: argparse.Namespace, cold: bool) -> None:
+                 args: argparse.Namespace, cold: bool, bandwidth: dict[str, Any]) -> None:
     print()
     print(f"process snapshots: per size {args.runs} dumps per side (first + {args.runs - 1} "
           f"after 10% changed in 64 KiB runs) + 1 after 10% scattered pages; "
           f"{args.restore_runs} restore(s) per side; medians")
-    h = (f"{'size':<8} {'frozen ms':>9} {'frozen ms':>9} {'frozen':>6} | {'durable s':>9} "
+    print_frozen(sizes, bandwidth)
+    print()
+    h = (f"{'size':<8} {'durable s':>9} "
          f"{'durable s':>9} {'durable s':>9} {'durable s':>9} | {'restore s':>9} "
          f"{'restore s':>9} {'verified':>8}")
     print(h)
-    print(f"{'':<8} {'plain':>9} {'cairn':>9} {'ratio':>6} | {'plain 1st':>9} {'cairn 1st':>9} "
+    print(f"{'':<8} {'plain 1st':>9} {'cairn 1st':>9} "
           f"{'plain con':>9} {'cairn con':>9} | {'plain':>9} {'cairn':>9} {'':>8}")
     print("-" * len(h))
     for s in sizes:
         d, rs = s["durable_s"], s["restore_s"]
-        print(f"{s['label']:<8} {s['frozen_ms']['plain']:>9.1f} {s['frozen_ms']['cairn']:>9.1f} "
-              f"{s['frozen_ratio']:>6.2f} | {d['plain_first']:>9.2f} {d['cairn_first']:>9.2f} "
+        print(f"{s['label']:<8} {d['plain_first']:>9.2f} {d['cairn_first']:>9.2f} "
               f"{d['plain_consecutive']:>9.2f} {d['cairn_consecutive']:>9.2f} | "
               f"{rs['plain']:>9.2f} {rs['cairn']:>9.2f} "
               f"{'yes' if s['restore_verified'] else 'NO':>8}")
@@ -619,6 +829,7 @@ def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
         print(f"(torch: criu_training.py, {t['processes']} processes, dumps {t['gap_s']:g}s "
               f"apart; frozen ms plain {'/'.join(f'{x:.0f}' for x in t['frozen_ms']['plain'])}, "
               f"cairn {'/'.join(f'{x:.0f}' for x in t['frozen_ms']['cairn'])})")
+    print("(durable: plain = criu dump to disk + sync; cairn = dump + ingest into the store)")
     if not cold:
         print("NOTE: could not drop the page cache; restore figures are WARM-CACHE")
 
@@ -677,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     load_start = loadavg()
     root = tempfile.mkdtemp(prefix="cairn-process-bench-", dir=parent)
+    shm_root = tempfile.mkdtemp(prefix="cairn-process-bench-", dir=staging_mod.SHM_DIR)
 
     def log(text: str) -> None:
         print(text, flush=True)
@@ -689,8 +901,12 @@ def main(argv: list[str] | None = None) -> int:
     torch_out: dict[str, Any] | None = None
     torch_note: str | None = None
     try:
+        bandwidth = memory_bandwidth()
+        log(f"memory bandwidth (memmove, best of {bandwidth['runs']}): 1 thread "
+            f"{bandwidth['single_thread_gbps']:.2f} GB/s, {bandwidth['threads']} threads "
+            f"{bandwidth['all_threads_gbps']:.2f} GB/s; the floor uses {bandwidth['config']}")
         for index, size in enumerate(args.sizes):
-            sizes.append(bench_size(args, criu, root, size, index, log))
+            sizes.append(bench_size(args, criu, root, shm_root, size, index, bandwidth, log))
         if args.no_torch:
             torch_note = "skipped (--no-torch)"
         else:
@@ -699,14 +915,15 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 torch_note = "skipped: torch is not installed"
             else:
-                torch_out = bench_torch(args, criu, root, log)
+                torch_out = bench_torch(args, criu, root, shm_root, log)
         if torch_note:
             log(f"torch: {torch_note}")
     finally:
         Proc.kill_all()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(shm_root, ignore_errors=True)
 
-    print_tables(sizes, torch_out, args, cold)
+    print_tables(sizes, torch_out, args, cold, bandwidth)
     figures = {
         "frozen_ratio": max(s["frozen_ratio"] for s in sizes),
         "consecutive_bytes_fraction": max(s["consecutive_bytes_fraction"] for s in sizes),
@@ -723,6 +940,12 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "restore_verified": all(s["restore_verified"] for s in sizes),
         "frozen_ratio_by_size": {s["label"]: s["frozen_ratio"] for s in sizes},
+        "frozen_vs_floor": max(s["frozen_vs_floor"] for s in sizes),
+        "frozen_vs_floor_by_size": {s["label"]: s["frozen_vs_floor"] for s in sizes},
+        "floor_ms_by_size": {s["label"]: s["floor_ms"] for s in sizes},
+        "plain_best_by_size": {s["label"]: s["plain_best"] for s in sizes},
+        "cairn_staging_by_size": {s["label"]: s["cairn_staging"] for s in sizes},
+        "memory_bandwidth": bandwidth,
         "consecutive_bytes_fraction_by_size": {s["label"]: s["consecutive_bytes_fraction"]
                                                for s in sizes},
         "scattered_bytes_fraction_by_size": {s["label"]: s["scattered_bytes_fraction"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.process.staging import memory_headroom_bytes
 from tests.support.cairn_run import can_run_criu
 
 pytestmark = [
@@ -21,6 +22,7 @@ pytestmark = [
 ]
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "process_bench.py"
+ROOM = memory_headroom_bytes()  # what the bench's staging policy and tmpfs sides see
 
 
 def _cmdlines_mentioning(text: str) -> list[str]:
@@ -39,6 +41,7 @@ def _cmdlines_mentioning(text: str) -> list[str]:
 
 
 def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) -> None:
+    before_shm = [p for p in Path("/dev/shm").iterdir() if p.name.startswith("cairn-process-bench-")]
     done = subprocess.run([sys.executable, str(BENCH), "--quick", "--dir", str(tmp_path)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=900, check=False)
@@ -47,13 +50,18 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     summary = json.loads(done.stdout.strip().splitlines()[-1])
 
     for key in ("frozen_ratio", "consecutive_bytes_fraction", "targets", "restore_verified",
-                "sizes", "torch", "loadavg_start", "loadavg_end", "cold_cache"):
+                "sizes", "torch", "loadavg_start", "loadavg_end", "cold_cache",
+                "frozen_vs_floor", "frozen_vs_floor_by_size", "floor_ms_by_size",
+                "plain_best_by_size", "cairn_staging_by_size", "memory_bandwidth"):
         assert key in summary, key
     assert set(summary["targets"]) == {"frozen_ratio", "consecutive_bytes_fraction"}
     for name, target in summary["targets"].items():
         assert set(target) == {"value", "target", "met"}, name
         assert target["value"] == summary[name]
     assert summary["frozen_ratio"] > 0
+    bandwidth = summary["memory_bandwidth"]
+    assert bandwidth["gbps"] == max(bandwidth["single_thread_gbps"],
+                                    bandwidth["all_threads_gbps"]) > 0
     assert 0 < summary["consecutive_bytes_fraction"] <= 1
 
     assert summary["restore_verified"] is True
@@ -61,10 +69,36 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     assert size["size_bytes"] == 64 << 20
     assert size["restore_verified"] is True
     assert size["restores_checked"] == 2  # one plain and one cairn restore, each checksummed
+    # Plain CRIU dumped to disk and, where 64 MiB fits in memory, to tmpfs, and the ratio is
+    # against its faster medium; cairn's policy staged the image in memory where it fits.
+    fits = ROOM >= 1 << 30  # plenty for the workload and its image (between: either may be)
+    by_medium = size["frozen_ms"]["plain_by_medium"]
+    assert size["frozen_ms"]["plain"] == min(by_medium.values())
+    assert by_medium[size["plain_best"]] == size["frozen_ms"]["plain"]
+    assert list(by_medium) == size["plain_media"]
+    if fits:
+        assert size["plain_media"] == ["disk", "tmpfs"]
+        assert size["cairn_staging"] == "memory", size["cairn_staging_reason"]
+        assert summary["cairn_staging_by_size"] == {"64 MiB": "memory"}
+    elif ROOM < 64 << 20:
+        assert size["plain_media"] == ["disk"] and size["cairn_staging"] == "disk"
+    assert size["floor_ms"] == summary["floor_ms_by_size"]["64 MiB"] > 0
+    assert size["frozen_vs_floor"] == summary["frozen_vs_floor"] > 0
+    assert abs(size["frozen_vs_floor"] * size["floor_ms"] - size["frozen_ms"]["cairn"]) < 0.1
+    assert (f"criu dump to {size['plain_best']} (the faster of "
+            f"{', '.join(size['plain_media'])})") in done.stdout
+    parts = size["breakdown"]
+    assert parts["cairn_ingest_hash_s"] > 0
+    assert abs(parts["cairn_ingest_hash_s"] + parts["cairn_ingest_rest_s"]
+               - parts["cairn_ingest_s"]) < 0.01
     assert [r["kind"] for r in size["rounds"]] == ["first", "contiguous", "scattered"]
     for row in size["rounds"]:
         assert row["plain"]["frozen_us"] > 0 and row["cairn"]["frozen_us"] > 0
         assert row["plain"]["bytes_written"] == row["plain"]["image_bytes"]
+        assert sorted(row["order"]) == sorted(["cairn", *(f"plain-{m}"
+                                                          for m in size["plain_media"])])
+        assert all(d["frozen_us"] > 0 for d in row["plain_by_medium"].values())
+        assert row["cairn"]["medium"] == size["cairn_staging"]
     b = size["bytes"]
     assert b["cairn_first"] > 0.9 * b["image_first"]  # nothing to dedup against yet
     assert b["cairn_consecutive"] < b["image_consecutive"]  # the parent dedups the rest
@@ -75,6 +109,8 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
         assert torch["processes"] >= 3  # the training process and its 2 DataLoader workers
         assert 0 < torch["cairn_consecutive"] < torch["image_consecutive"]
 
-    # Everything it started is gone, and so is its directory.
+    # Everything it started is gone, and so are its directories (on disk and in /dev/shm).
     assert _cmdlines_mentioning(str(tmp_path)) == []
     assert list(tmp_path.iterdir()) == []
+    assert [p for p in Path("/dev/shm").iterdir()
+            if p.name.startswith("cairn-process-bench-")] == before_shm
