@@ -154,7 +154,9 @@ def store_write_parts() -> list[tuple[Any, str, str]]:
     return [(writer, "compute_digest", "hash"), (OsFileOps, "write", "write"),
             (OsFileOps, "open_new", "create"), (OsFileOps, "mkdir", "mkdir"),
             (OsFileOps, "fsync", "fsync"), (OsFileOps, "fsync_dir", "fsync_dir"),
-            (OsFileOps, "link", "publish"), (PackWriter, "flush", "wait_for_packs_durable")]
+            (OsFileOps, "link", "publish"), (PackWriter, "flush", "wait_for_packs_durable"),
+            # private: where a full pack waits for a free sealing slot (back-pressure)
+            (PackWriter, "_seal", "seal_pack")]
 
 
 def store_read_parts() -> list[tuple[Any, str, str]]:

@@ -45,15 +45,17 @@ What is measured:
   counters incremented) so that nothing can be deduplicated against the previous snapshot,
   and the page cache is synced and dropped. Each snapshot is durable before the next one
   starts. Median and p95 (linear interpolation) over the runs.
-* **memcpy floor**: the state's bytes over the bandwidth of copying every tensor's bytes,
-  single-threaded (``mmap`` slice assignment), into a pre-faulted memfd buffer
-  (:class:`cairn.state.staging.StagingBuffer`); median of ``--runs`` copies. cairn's own
-  copy is split over ``--threads`` threads, so its stall can be below this floor.
+* **memcpy floor**: the time to copy every tensor's bytes into a pre-faulted memfd buffer
+  (:class:`cairn.state.staging.StagingBuffer`) with numpy, the bytes split evenly among 1
+  thread and among ``nproc`` threads; median of ``--runs`` copies each, and the floor is the
+  faster of the two (cairn's own copy is split over ``--threads`` threads).
 * **restore**, cold page cache before every side: cairn's verified restore (a fresh model and
   optimizer, ``Checkpointer(store=..., key=...).restore(model=, optimizer=)``, which checks
-  every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both, and
-  ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. All three restore the same state
-  (saved last, unchanged). Each restore runs in a fresh process, as a retried task would: it
+  every chunk's BLAKE3), ``torch.load(weights_only=True)`` + ``load_state_dict`` on both,
+  ``torch.load(mmap=True, weights_only=True)`` + ``load_state_dict`` (the file is mapped and
+  read as ``load_state_dict`` copies it), and ``get_state_dict`` + ``dcp.load`` +
+  ``set_state_dict``. All restore the same state (saved last, unchanged);
+  ``restore_vs_torch_load`` is against the faster ``torch.load`` form. Each restore runs in a fresh process, as a retried task would: it
   builds the model and an empty optimizer, drops the page cache, waits ``--settle`` seconds
   (default 4), then times the restore alone; the parent checks a digest of the restored
   model and optimizer against the live ones. Why fresh processes and the pause: the memory a
@@ -74,16 +76,27 @@ What is measured:
   snapshot every ``--snapshot-every`` steps (``Checkpointer.step`` with
   ``SnapshotPolicy(every_steps=...)``) against the same number of steps without, run in
   alternating blocks of ``--snapshot-every`` steps with the snapshot in the middle of each
-  block so that its persist overlaps training. The Checkpointer is warm (its buffer and writer
+  block so that its persist overlaps training; a block with a snapshot ends when that
+  snapshot is durable (a persist still running is waited for inside the timer). The Checkpointer is warm (its buffer and writer
   exist), as in a long run. The writer process runs at nice 19: ``persist_windows_s`` (the
   time from ``save`` until durable while training runs) is its time-to-durable under load.
+
+Where time goes: each snapshot's time to durable and each restore is split into parts, timed
+on the measuring thread (cairn's by wrapping its functions while the side runs:
+:func:`benchenv.timed_attributes`; the peers' by timing their calls), which add up to the
+total with ``other``, plus busy time on pool threads (reads, BLAKE3), which overlaps it. The
+exact configuration of every peer is printed and is in the JSON (``peers``). ``--quick`` is a
+smoke run for the test suite (a tiny model, one run, no DCP PROCESS executor, the restores of
+a round in one child process); its figures mean nothing.
 
 All files live in one fresh directory (``--dir``, default a temp dir under /var/tmp), removed
 at the end; cairn stores use ``StoreSettings(keep_last=1)`` and are garbage-collected between
 snapshots (untimed) to bound disk use. Dropping the page cache needs root; otherwise the
 restore figures are marked warm-cache. GB is 10**9 bytes. The last line printed is one JSON
 object with every figure, including ``stall_vs_memcpy``, ``stall_vs_dcp_best``,
-``restore_vs_torch_load``, ``frozen90_vs_floor`` and ``amortized_slowdown``, and the targets.
+``restore_vs_torch_load``, ``frozen90_vs_floor``, ``amortized_slowdown`` and
+``first_stall_vs_median`` (cairn's first snapshot's stall over its median, at most 2), and the
+targets.
 The load average at start and end is recorded: on a shared machine other work skews timings.
 """
 
