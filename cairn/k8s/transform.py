@@ -32,6 +32,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import channel, env
+from cairn.runtime.choices import coerce_option
 from cairn.k8s.quantity import format_bytes, parse_bytes, round_up_mib
 from cairn.k8s.watchers import MAINTENANCE_LABEL
 from cairn.store.keys import Key
@@ -86,16 +87,6 @@ class GraceWarning(UserWarning):
 
 class StoreAccessWarning(UserWarning):
     """The uploading sidecar cannot reach the store the way the main container can."""
-
-
-def coerce_option(enum_type: type[enum.Enum], value: object, what: str) -> Any:
-    """``value`` (a member or its value) as a member of ``enum_type``; ConfigError naming the
-    choices otherwise."""
-    try:
-        return enum_type(value.value if isinstance(value, enum.Enum) else value)
-    except ValueError:
-        choices = ", ".join(repr(m.value) for m in enum_type)  # type: ignore[attr-defined]
-        raise ConfigError(f"{what} {value!r} is not one of {choices}") from None
 
 
 # -- V1Pod <-> dict ----------------------------------------------------------------------------

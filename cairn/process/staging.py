@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.process.doctor import cgroup_memory, parse_meminfo, read_text
+from cairn.runtime.choices import coerce_option
 from cairn.runtime.units import human_size
 
 # Headroom a memory-staged dump needs, in images: the image itself plus a margin for what the
@@ -49,11 +50,7 @@ class StagingMedium(str, enum.Enum):
     @classmethod
     def parse(cls, value: object, *, source: str = "--staging") -> StagingMedium:
         """``value`` (a member or its text) as a member; ConfigError naming the choices."""
-        try:
-            return cls(value.value if isinstance(value, enum.Enum) else value)
-        except ValueError:
-            choices = ", ".join(m.value for m in cls)
-            raise ConfigError(f"{source} {value!r} is not one of {choices}") from None
+        return coerce_option(cls, value, source)  # type: ignore[no-any-return]
 
 
 # -- how much memory a dump may take ----------------------------------------------------------

@@ -174,7 +174,7 @@ def test_the_headroom_is_measured_for_the_memory_directory_when_not_given(
 def test_staging_text_is_parsed_with_the_choices_named() -> None:
     assert StagingMedium.parse("memory") is StagingMedium.MEMORY
     assert StagingMedium.parse(StagingMedium.DISK) is StagingMedium.DISK
-    with pytest.raises(ConfigError, match="'tmpfs' is not one of auto, memory, disk"):
+    with pytest.raises(ConfigError, match="'tmpfs' is not one of 'auto', 'memory', 'disk'"):
         StagingMedium.parse("tmpfs", source="--staging")
 
 
@@ -237,7 +237,7 @@ def test_run_settings_and_cairn_run_refuse_an_unknown_medium(
     assert RunSettings(store="/s", key="k", argv=("true",)).staging is StagingMedium.AUTO
     run = ["run", "--store", str(tmp_path / "s"), "--key", "k"]
     assert main([*run, "--staging", "tmpfs", "--", "true"]) == 2
-    assert "--staging (or $CAIRN_STAGING) 'tmpfs' is not one of auto, memory, disk" in \
+    assert "--staging (or $CAIRN_STAGING) 'tmpfs' is not one of 'auto', 'memory', 'disk'" in \
         capsys.readouterr().err
     monkeypatch.setenv(STAGING.name, "ram")
     assert main([*run, "--", "true"]) == 2
