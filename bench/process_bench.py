@@ -27,9 +27,10 @@ The sides of one round:
 * **plain, tmpfs**: the same dump into a fresh directory in ``/dev/shm`` (removed at once; not
   durable), whenever the memory headroom covers 1.2 x the size (as cairn's policy requires).
 * **cairn**: what ``cairn run`` does: the same dump into a fresh staging directory where its
-  staging policy puts it (``cairn.process.staging``, ``--staging auto``: tmpfs when the
-  headroom covers 1.2 x the last image, the resident memory before the first, else the bench
-  directory's disk), then ``cairn.process.snapshot.ingest`` into a local store on disk
+  staging policy puts it (``cairn.process.staging``, ``--staging auto``: the bench
+  directory's disk while its page cache takes 1.2 x the last image — the resident memory
+  before the first — without writeback throttling, else tmpfs when the memory headroom covers
+  that, else disk), then ``cairn.process.snapshot.ingest`` into a local store on disk
   (durable when it returns; chunks of the pages images start at every pagemap entry and every
   32 KiB of virtual address, and dedup against the key's previous snapshot), then the staging
   is deleted (not timed). Dump-to-durable = dump + ingest. Bytes written =

@@ -383,9 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"or {env.WORKDIR.default})")
     p.add_argument("--staging", default=env.STAGING.get(), metavar="{auto,memory,disk}",
                    help="where a dump is written before it is ingested, checked per dump: "
-                        "memory (tmpfs: the shortest freeze, counted in the step's memory), "
-                        "disk (the work directory), or auto: memory when the memory cgroup's "
-                        "headroom covers 1.2 x the last image (default "
+                        "memory (tmpfs, counted in the step's memory), disk (the work "
+                        "directory), or auto: disk while its page cache takes 1.2 x the last "
+                        "image before writeback throttles, else memory when the memory "
+                        "cgroup's headroom covers that (default "
                         f"${env.STAGING} or {env.STAGING.default}); with --spool the spool's "
                         "volume holds the dumps")
     p.add_argument("--ghost-limit-mb", type=int, default=512, metavar="MB",

@@ -11,7 +11,10 @@ wrote (an estimate before the first one):
 
 * ``DISK``: always the work directory's ``staging/``;
 * ``MEMORY``: always the memory directory (a warning when the headroom looks too small);
-* ``AUTO``: memory when :func:`memory_headroom` ≥ :data:`MEMORY_FACTOR` × the expected image,
+* ``AUTO``: disk while the disk's page cache takes :data:`MEMORY_FACTOR` × the expected image
+  below the point where the kernel starts throttling writers (:func:`page_cache_room`): those
+  writes are memory copies too, measured faster than tmpfs's page allocation here, and hold no
+  RAM once the staging is deleted; else memory when :func:`memory_headroom` covers that much;
   else disk.
 
 The memory directory is ``/dev/shm/cairn-<run>``, or the work directory's own ``staging/``
@@ -26,6 +29,7 @@ import enum
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
@@ -119,6 +123,38 @@ def memory_headroom_bytes(tmpfs_dir: str | None = SHM_DIR, *, root: str = "/") -
     the memory cgroup's headroom, ``MemAvailable`` and the tmpfs's free space (see
     :func:`memory_headroom`). Public: a restore's staging asks the same question."""
     return memory_headroom(tmpfs_dir, root=root).bytes
+
+
+def _sysctl(read: Callable[[str], str | None], name: str) -> int:
+    text = read(f"/proc/sys/vm/{name}")
+    try:
+        return int(text.strip()) if text else 0
+    except ValueError:
+        return 0
+
+
+def page_cache_room(*, headroom: Headroom | None = None, root: str = "/") -> int | None:
+    """How many more bytes a writer may dirty in a disk's page cache before the kernel
+    throttles it (``balance_dirty_pages``' free-run point, halfway between the background and
+    the hard dirty limits), less what is dirty or under writeback now; None when
+    ``/proc/meminfo`` cannot be read. The limits are ``vm.dirty_bytes`` and
+    ``vm.dirty_background_bytes``, or their ratios of the dirtyable memory (free plus file
+    pages, bounded by the memory cgroup's headroom in ``headroom``, whose writeback is limited
+    against its own memory)."""
+    read = (lambda path: read_text(_under(root, path))) if root != "/" else read_text
+    meminfo = read("/proc/meminfo")
+    if not meminfo:
+        return None
+    info = parse_meminfo(meminfo)
+    dirtyable = (info.get("MemFree", 0) + info.get("Active(file)", 0)
+                 + info.get("Inactive(file)", 0))
+    if headroom is not None and headroom.cgroup_bytes is not None:
+        dirtyable = min(dirtyable, headroom.cgroup_bytes)
+    limit = _sysctl(read, "dirty_bytes") or dirtyable * _sysctl(read, "dirty_ratio") // 100
+    background = (_sysctl(read, "dirty_background_bytes")
+                  or dirtyable * _sysctl(read, "dirty_background_ratio") // 100)
+    dirty = info.get("Dirty", 0) + info.get("Writeback", 0)
+    return max(0, (limit + background) // 2 - dirty)
 
 
 # -- which filesystem a path is on ------------------------------------------------------------
@@ -217,11 +253,13 @@ class StagingChoice:
 
 def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir: str,
                    disk_dir: str, estimate_bytes: int | None = None,
-                   headroom: Headroom | None = None, root: str = "/") -> StagingChoice:
+                   headroom: Headroom | None = None, page_cache: int | None = None,
+                   root: str = "/") -> StagingChoice:
     """Where this dump stages under ``policy``. ``image_bytes``: what the last dump wrote (None
     before the first one, when ``estimate_bytes``, e.g. the workload's resident memory, stands
-    in). ``memory_dir``/``disk_dir``: the two candidate parents. ``headroom``: measured now by
-    :func:`memory_headroom` for ``memory_dir`` when not given."""
+    in). ``memory_dir``/``disk_dir``: the two candidate parents. ``headroom`` and
+    ``page_cache`` (AUTO only): measured now by :func:`memory_headroom` for ``memory_dir`` and
+    :func:`page_cache_room` when not given."""
     policy = StagingMedium.parse(policy)
     if policy is StagingMedium.DISK:
         return StagingChoice(disk_dir, StagingMedium.DISK, "--staging disk")
@@ -229,6 +267,13 @@ def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir
                       else (estimate_bytes, "the resident memory"))
     if headroom is None:
         headroom = memory_headroom(memory_dir, root=root)
+    if policy is StagingMedium.AUTO and expected is not None:
+        if page_cache is None:
+            page_cache = page_cache_room(headroom=headroom, root=root)
+        if page_cache is not None and page_cache >= MEMORY_FACTOR * expected:
+            return StagingChoice(disk_dir, StagingMedium.DISK, (
+                f"auto: the page cache takes {human_size(page_cache)} more before writeback "
+                f"throttles, >= {MEMORY_FACTOR:g} x {what} {human_size(expected)}"))
     room = headroom.bytes
     if expected is None:
         fits, sizes = False, f"nothing to size the image by; headroom {human_size(room)}"
@@ -241,10 +286,12 @@ def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir
         return StagingChoice(memory_dir, StagingMedium.MEMORY, f"--staging memory: {sizes}"
                              f"{warning}")
     if fits:
-        return StagingChoice(memory_dir, StagingMedium.MEMORY, f"auto: {sizes}")
+        return StagingChoice(memory_dir, StagingMedium.MEMORY,
+                             f"auto: the page cache would throttle the dump; {sizes}")
     return StagingChoice(disk_dir, StagingMedium.DISK, f"auto: {sizes}")
 
 
 __all__ = ["MEMORY_FACTOR", "Headroom", "StagingChoice", "StagingMedium", "choose_staging",
            "filesystem_type", "memory_headroom", "memory_headroom_bytes", "memory_parent",
+           "page_cache_room",
            "on_memory", "prepare_private_dir", "remove_private_dir"]

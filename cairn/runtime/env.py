@@ -61,8 +61,9 @@ SPOOL_DIR = Var("CAIRN_SPOOL_DIR", "`cairn run` dumps into this spool; the sidec
 WORKDIR = Var("CAIRN_WORKDIR", "`cairn run`'s logs and staging (the same path on every node)",
               "the user", "`cairn run`", default="/var/tmp/cairn/run")
 STAGING = Var("CAIRN_STAGING", "where `cairn run` stages a dump without a spool: `auto` "
-              "(memory when the headroom covers 1.2 x the last image), `memory` (tmpfs) or "
-              "`disk` (the work directory)", "the user", "`cairn run`", default="auto")
+              "(disk while its page cache takes 1.2 x the last image unthrottled, else memory "
+              "when the headroom covers that), `memory` (tmpfs) or `disk` (the work "
+              "directory)", "the user", "`cairn run`", default="auto")
 CRIU = Var("CAIRN_CRIU", "the CRIU binary to use (else `criu` on PATH)", "the user",
            "process mode")
 IMAGE_DIGEST = Var("CAIRN_IMAGE_DIGEST", "the container image digest, for the compatibility "

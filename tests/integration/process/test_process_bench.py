@@ -70,16 +70,19 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     assert size["restore_verified"] is True
     assert size["restores_checked"] == 2  # one plain and one cairn restore, each checksummed
     # Plain CRIU dumped to disk and, where 64 MiB fits in memory, to tmpfs, and the ratio is
-    # against its faster medium; cairn's policy staged the image in memory where it fits.
+    # against its faster medium; cairn staged where its policy (auto) said, and says why.
     fits = ROOM >= 1 << 30  # plenty for the workload and its image (between: either may be)
     by_medium = size["frozen_ms"]["plain_by_medium"]
     assert size["frozen_ms"]["plain"] == min(by_medium.values())
     assert by_medium[size["plain_best"]] == size["frozen_ms"]["plain"]
     assert list(by_medium) == size["plain_media"]
+    reason = size["cairn_staging_reason"]
+    assert reason.startswith("auto: ")
+    assert size["cairn_staging"] == ("disk" if "page cache takes" in reason else "memory"
+                                     if "headroom" in reason and ">=" in reason else "disk")
+    assert summary["cairn_staging_by_size"] == {"64 MiB": size["cairn_staging"]}
     if fits:
         assert size["plain_media"] == ["disk", "tmpfs"]
-        assert size["cairn_staging"] == "memory", size["cairn_staging_reason"]
-        assert summary["cairn_staging_by_size"] == {"64 MiB": "memory"}
     elif ROOM < 64 << 20:
         assert size["plain_media"] == ["disk"] and size["cairn_staging"] == "disk"
     assert size["floor_ms"] == summary["floor_ms_by_size"]["64 MiB"] > 0

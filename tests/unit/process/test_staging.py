@@ -18,6 +18,7 @@ from cairn.process.staging import (
     memory_headroom_bytes,
     memory_parent,
     on_memory,
+    page_cache_room,
     prepare_private_dir,
     remove_private_dir,
 )
@@ -128,10 +129,44 @@ ROOM = Headroom(cgroup_bytes=12 * GiB, available_bytes=20 * GiB, tmpfs_free_byte
 
 
 def choose(policy: StagingMedium, image: int | None, *, estimate: int | None = None,
-           room: Headroom = ROOM):
+           room: Headroom = ROOM, page_cache: int = 0):
+    # page_cache 0: the disk's page cache would throttle any dump (memory is then the question)
     return choose_staging(policy, image_bytes=image, estimate_bytes=estimate,
                           memory_dir="/dev/shm/cairn-r", disk_dir="/work/r/staging",
-                          headroom=room)
+                          headroom=room, page_cache=page_cache)
+
+
+def test_auto_stays_on_disk_while_the_page_cache_takes_the_dump_unthrottled() -> None:
+    cached = choose(StagingMedium.AUTO, GiB, page_cache=2 * GiB)
+    assert (cached.parent, cached.medium) == ("/work/r/staging", StagingMedium.DISK)
+    assert "page cache takes 2.0 GiB" in cached.reason
+    assert choose(StagingMedium.AUTO, 2 * GiB, page_cache=2 * GiB).medium is StagingMedium.MEMORY
+    # Forced memory is memory, whatever the page cache could take.
+    assert choose(StagingMedium.MEMORY, GiB, page_cache=8 * GiB).medium is StagingMedium.MEMORY
+
+
+def test_page_cache_room_is_the_free_run_point_less_what_is_dirty(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "fake", limit=str(100 * GiB), usage=0)
+    vm = root / "proc" / "sys" / "vm"
+    vm.mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text(
+        f"MemFree: {8 * GiB // 1024} kB\nActive(file): {GiB // 1024} kB\n"
+        f"Inactive(file): {GiB // 1024} kB\nDirty: {GiB // 4 // 1024} kB\n"
+        f"Writeback: {GiB // 4 // 1024} kB\n")
+    for name, value in (("dirty_ratio", 20), ("dirty_background_ratio", 10),
+                        ("dirty_bytes", 0), ("dirty_background_bytes", 0)):
+        (vm / name).write_text(f"{value}\n")
+    # (20% + 10%) / 2 of 10 GiB dirtyable, less 0.5 GiB dirty or under writeback.
+    assert page_cache_room(root=str(root)) == 10 * GiB * 15 // 100 - GiB // 2
+    (vm / "dirty_bytes").write_text(f"{4 * GiB}\n")
+    (vm / "dirty_background_bytes").write_text(f"{2 * GiB}\n")
+    assert page_cache_room(root=str(root)) == 3 * GiB - GiB // 2
+    # A memory cgroup's writeback is limited against its own memory.
+    (vm / "dirty_bytes").write_text("0\n")
+    (vm / "dirty_background_bytes").write_text("0\n")
+    small = Headroom(cgroup_bytes=2 * GiB, available_bytes=None, tmpfs_free_bytes=None)
+    assert page_cache_room(headroom=small, root=str(root)) == 0  # 0.3 GiB < 0.5 GiB dirty
+    assert page_cache_room(root=str(tmp_path / "nothing")) is None
 
 
 def test_auto_stages_in_memory_when_the_headroom_covers_1_2_images() -> None:
@@ -164,11 +199,15 @@ def test_the_headroom_is_measured_for_the_memory_directory_when_not_given(
         tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     shm.mkdir()
-    choice = choose_staging(StagingMedium.AUTO, image_bytes=1 << 20, memory_dir=str(shm / "c"),
-                            disk_dir=str(tmp_path / "disk"), root=str(fake_host(
-                                tmp_path / "fake", limit=str(2 << 20), usage=1 << 20)))
-    assert choice.medium is StagingMedium.DISK  # 1 MiB of headroom < 1.2 MiB
-    assert "1.0 MiB" in choice.reason
+    choice = choose_staging(StagingMedium.MEMORY, image_bytes=1 << 20,
+                            memory_dir=str(shm / "c"), disk_dir=str(tmp_path / "disk"),
+                            root=str(fake_host(tmp_path / "fake", limit=str(2 << 20),
+                                               usage=1 << 20)))
+    assert "headroom 1.0 MiB" in choice.reason and "out of memory" in choice.reason
+    # AUTO also measures the page cache: the fake host's meminfo has no free memory to dirty.
+    auto = choose_staging(StagingMedium.AUTO, image_bytes=1 << 20, memory_dir=str(shm / "c"),
+                          disk_dir=str(tmp_path / "disk"), root=str(tmp_path / "fake"))
+    assert auto.medium is StagingMedium.DISK and "1.0 MiB" in auto.reason
 
 
 def test_staging_text_is_parsed_with_the_choices_named() -> None:
