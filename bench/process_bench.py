@@ -577,7 +577,7 @@ def med(values: list[float]) -> float | None:
 def summarize_dumps(rounds: list[dict[str, Any]], bandwidth: dict[str, Any]) -> dict[str, Any]:
     """Frozen time: cairn against plain CRIU's faster medium, and both against the floor (the
     image over the host's memory bandwidth); the dump side's breakdown."""
-    media = list(rounds[0]["plain_by_medium"])
+    media = [m for m in PLAIN_MEDIA if m in rounds[0]["plain_by_medium"]]
     plain = {m: statistics.median(r["plain_by_medium"][m]["frozen_us"] / 1e3 for r in rounds)
              for m in media}
     best = min(media, key=lambda m: plain[m])
@@ -785,9 +785,9 @@ def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None
               f"{b['cairn_memwrite_ms']:>8.1f} | {b['cairn_dump_s']:>6.2f} "
               f"{b['cairn_ingest_s']:>6.2f} {b['cairn_ingest_hash_s']:>6.2f} "
               f"{b['cairn_ingest_rest_s']:>6.2f}")
-    print("(CRIU's freeze / page collection / page write inside the frozen time; dump = the "
-          "whole criu dump; ingest = hash (the store's chunk digests) + rest (read, dedup, pack "
-          "writes, fsync, commit))")
+    print("(CRIU's own stats inside the frozen time: freezing, page collection (memdump) and "
+          "page writing (memwrite), which overlap; dump = the whole criu dump; ingest = hash "
+          "(the store's chunk digests) + rest (read, dedup, pack writes, fsyncs, commit))")
 
 
 def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
