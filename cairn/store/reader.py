@@ -14,10 +14,11 @@ with ``O_DIRECT`` (:mod:`cairn.store.aligned`), which a restore into fresh memor
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -191,6 +192,34 @@ class SnapshotReader:
                     except BaseException:  # noqa: BLE001 - the first error is being raised
                         pass
 
+    def read_chunks(self, chunks: Sequence[ChunkRef]) -> bytearray:
+        """The verified bytes of ``chunks`` (consecutive chunks of one file), concatenated;
+        ranged reads run on the pool, up to ``prefetch`` at once. Raises
+        :class:`CorruptSnapshot` (naming the chunk) when one does not match its digest; no
+        byte of a bad chunk is ever returned."""
+        ranges = _coalesce(tuple(chunks))
+        out = bytearray(sum(rng.length for rng in ranges))
+        view = memoryview(out)
+        futures: list[Future[int]] = []
+        position = 0
+        for rng in ranges:
+            futures.append(self._pool.submit(self._fetch_verified, rng,
+                                             view[position:position + rng.length]))
+            position += rng.length
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+            for future in futures:
+                if not future.cancelled():
+                    try:
+                        future.result()
+                    except BaseException:  # noqa: BLE001 - the first error is being raised
+                        pass
+        return out
+
     def read_file(self, path: str) -> bytes:
         """The whole verified file (for small files; use :meth:`iter_file` for big ones)."""
         return b"".join(bytes(piece) for piece in self.iter_file(path))
@@ -201,15 +230,24 @@ class SnapshotReader:
             for _ in self._iter_entry(entry, progress):
                 pass
 
-    def restore_to(self, dest: str | os.PathLike[str], *,
+    def restore_to(self, dest: str | os.PathLike[str], *, durable: bool = True,
+                   exclude: Collection[str] = (),
                    progress: Callable[[int], None] | None = None) -> None:
-        """Write every file under ``dest``, all or nothing, durable when this returns.
+        """Write every file under ``dest``, all or nothing.
 
         Files go to a temporary sibling directory that replaces ``dest`` (which must not
-        exist, or be an empty directory) only after every chunk verified and every file and
-        directory was fsynced, so a power loss never leaves a ``dest`` that looks complete.
-        Modes are masked to 0o777 (no setuid, setgid or sticky bit) and owners are never
-        changed: a file belongs to whoever restores it.
+        exist, or be an empty directory) only after every chunk verified. With ``durable``
+        every file and directory is fsynced before that rename, so a power loss never leaves a
+        ``dest`` that looks complete; without it (a restore's scratch copy, deleted once read)
+        the files are only as durable as the page cache. Modes are masked to 0o777 (no setuid,
+        setgid or sticky bit) and owners are never changed: a file belongs to whoever
+        restores it. Files whose manifest path is in ``exclude`` are left out (a lazy restore
+        fetches them chunk by chunk, :mod:`cairn.process.lazy`).
+
+        One pipeline runs across all the files: up to ``prefetch`` ranged reads in flight,
+        each verified and written at its offset (``pwrite``) on the pool thread that read it,
+        so reading, hashing and writing overlap and use every core. At most ``prefetch`` + 1
+        files are open at once.
         """
         dest = os.path.abspath(dest)
         if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
@@ -222,25 +260,121 @@ class SnapshotReader:
         directories = {partial}
         try:
             for entry in self.manifest.files:
-                target = os.path.join(partial, *entry.path.split("/"))
-                directories.add(os.path.dirname(target))
-                # Confined (no symlink, no '..'), created exclusively, mode without setuid
-                # bits: a restore may run as root, and the manifest came from a shared store.
-                fd = open_beneath(partial, entry.path, flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                                  mode=0o600)
-                with os.fdopen(fd, "wb") as out:
-                    for piece in self._iter_entry(entry, progress):
-                        out.write(piece)
-                    out.flush()
-                    if entry.mode is not None:
-                        os.fchmod(out.fileno(), masked_mode(entry.mode, path=entry.path))
-                    os.fsync(out.fileno())
-            for directory in sorted(directories, key=len, reverse=True):
-                _OS.fsync_dir(directory)
+                directories.add(os.path.dirname(os.path.join(partial, *entry.path.split("/"))))
+            self._write_files(partial, durable=durable, exclude=frozenset(exclude),
+                              progress=progress)
+            if durable:
+                for directory in sorted(directories, key=len, reverse=True):
+                    _OS.fsync_dir(directory)
             if os.path.isdir(dest):
                 os.rmdir(dest)
             os.rename(partial, dest)
-            _OS.fsync_dir(parent)
+            if durable:
+                _OS.fsync_dir(parent)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+
+    def _write_files(self, root: str, *, durable: bool, exclude: frozenset[str],
+                     progress: Callable[[int], None] | None) -> None:
+        """Create every file of the manifest under ``root`` with its verified content (see
+        :meth:`restore_to`). Returns once every write has ended; raises the first error."""
+        buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(self._prefetch):
+            buffers.put(bytearray(MAX_READ_BYTES))
+        pending: deque[tuple[_OpenFile, _Range, Future[int]]] = deque()
+
+        def fetch_and_write(rng: _Range, out: _OpenFile, position: int) -> int:
+            buffer = buffers.get()  # one is free: no more than prefetch tasks are in flight
+            try:
+                # A chunk above MAX_READ_BYTES (max_chunk_bytes allows up to 256 MiB) is a
+                # range of its own, read into memory of its size.
+                view = memoryview(buffer if len(buffer) >= rng.length else bytearray(rng.length))
+                self._fetch_verified(rng, view)
+                _pwrite_all(out.fd, view[:rng.length], position)
+            finally:
+                buffers.put(buffer)
+            return rng.length
+
+        def finish_oldest() -> None:
+            out, rng, future = pending.popleft()
+            future.result()
+            if progress is not None:
+                progress(rng.length)
+            out.outstanding -= 1
+            if out.outstanding == 0 and out.submitted:
+                out.close(durable=durable)
+
+        opened: list[_OpenFile] = []
+        try:
+            for entry in self.manifest.files:
+                if entry.path in exclude:
+                    continue
+                # Confined (no symlink, no '..'), created exclusively, mode without setuid
+                # bits: a restore may run as root, and the manifest came from a shared store.
+                out = _OpenFile(open_beneath(root, entry.path,
+                                             flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                             mode=0o600), entry)
+                opened.append(out)
+                position = 0
+                for rng in _coalesce(entry.chunks):
+                    while len(pending) >= self._prefetch:
+                        finish_oldest()
+                    out.outstanding += 1
+                    pending.append((out, rng, self._pool.submit(fetch_and_write, rng, out,
+                                                                position)))
+                    position += rng.length
+                if position != entry.size:
+                    raise CorruptSnapshot(f"{entry.path}: its chunks add up to {position} "
+                                          f"bytes, not {entry.size}", seq=self.manifest.seq)
+                out.submitted = True
+                if out.outstanding == 0:
+                    out.close(durable=durable)
+            while pending:
+                finish_oldest()
+        finally:
+            # Nothing may still write into a file once this returns or raises.
+            for _, _, future in pending:
+                future.cancel()
+            for _, _, future in pending:
+                if not future.cancelled():
+                    try:
+                        future.result()
+                    except BaseException:  # noqa: BLE001 - the first error is being raised
+                        pass
+            for out in opened:
+                out.abandon()
+
+
+class _OpenFile:
+    """A file :meth:`SnapshotReader.restore_to` is writing: its descriptor and how many of
+    its ranges are still in flight. Touched only by the thread running the restore."""
+
+    def __init__(self, fd: int, entry: FileEntry) -> None:
+        self.fd: int | None = fd
+        self.entry = entry
+        self.outstanding = 0
+        self.submitted = False
+
+    def close(self, *, durable: bool) -> None:
+        fd, self.fd = self.fd, None
+        assert fd is not None
+        try:
+            if self.entry.mode is not None:
+                os.fchmod(fd, masked_mode(self.entry.mode, path=self.entry.path))
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def abandon(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data = data[written:]
+        offset += written
