@@ -280,6 +280,7 @@ After the command exits 0 the key is marked done and its snapshots removed (--ke
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from cairn.process.restore import RestoreMode
     from cairn.process.staging import StagingMedium
     from cairn.process.supervisor import OnSuccess, RunSettings, run
 
@@ -298,7 +299,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             exclude_seqs=env.parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
             spool_dir=None if args.no_spool else (args.spool or None),
             spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"),
-            staging=StagingMedium.parse(args.staging, source=f"--staging (or ${env.STAGING})"))
+            staging=StagingMedium.parse(args.staging, source=f"--staging (or ${env.STAGING})"),
+            restore=RestoreMode.parse(args.restore, source=f"--restore (or ${env.RESTORE})"))
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
@@ -389,6 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "cgroup's headroom covers that (default "
                         f"${env.STAGING} or {env.STAGING.default}); with --spool the spool's "
                         "volume holds the dumps")
+    p.add_argument("--restore", default=env.RESTORE.get(), metavar="{eager,lazy}",
+                   help="how a snapshot is restored: eager (every page in before the workload "
+                        "runs) or lazy (it runs while the rest of its memory arrives, served "
+                        "from verified chunks; GPU snapshots are always eager); default "
+                        f"${env.RESTORE} or {env.RESTORE.default}")
     p.add_argument("--ghost-limit-mb", type=int, default=512, metavar="MB",
                    help="largest deleted-but-open file (e.g. DataLoader shared memory in "
                         "/dev/shm) saved into a snapshot (default 512)")

@@ -100,6 +100,18 @@ def criu_check(binary: str, *, unprivileged: bool | None = None) -> CriuCheck:
     return CriuCheck(done.returncode == 0 and "Looks good" in output, output)
 
 
+def has_feature(binary: str, feature: str) -> bool:
+    """Whether ``criu check --feature FEATURE`` passes here (``uffd-noncoop``: what a lazy
+    restore needs)."""
+    try:
+        done = subprocess.run([binary, "check", "--feature", feature], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=CHECK_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
 # Unlinked files the workload holds open (torch's DataLoader shares batches through deleted
@@ -108,7 +120,7 @@ RESTORE_LOG = "restore.log"
 DEFAULT_GHOST_LIMIT = 512 << 20
 
 
-def _log_tail(path: str, lines: int = 15) -> str:
+def log_tail(path: str, lines: int = 15) -> str:
     try:
         with open(path, errors="replace") as f:
             text = f.read().splitlines()
@@ -118,7 +130,7 @@ def _log_tail(path: str, lines: int = 15) -> str:
     return "\n".join((errors or text)[-lines:])
 
 
-def _die_with_parent() -> None:
+def set_parent_death_kill() -> None:
     # A dump must not outlive the supervisor that would ingest it (and CRIU holding the
     # workload frozen under ptrace should let go when the supervisor is killed).
     import ctypes
@@ -132,7 +144,7 @@ def _run(binary: str, argv: list[str], log_path: str, what: str, timeout: float 
     try:
         done = subprocess.run([binary, *argv], stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, timeout=timeout, check=False,
-                              preexec_fn=_die_with_parent if die_with_parent else None)
+                              preexec_fn=set_parent_death_kill if die_with_parent else None)
     except FileNotFoundError:
         raise CriuFailed(f"criu {what}: {binary} does not exist (run `make criu`, or set "
                          f"{ENV_VAR})") from None
@@ -140,10 +152,10 @@ def _run(binary: str, argv: list[str], log_path: str, what: str, timeout: float 
         raise CriuFailed(f"criu {what}: {binary} is not executable") from None
     except subprocess.TimeoutExpired:
         raise CriuFailed(f"criu {what} did not finish within {timeout:.0f}s (killed):\n"
-                         f"{_log_tail(log_path)}") from None
+                         f"{log_tail(log_path)}") from None
     if done.returncode != 0:
         raise CriuFailed(f"criu {what} failed (exit {done.returncode}):\n"
-                         f"{(done.stdout + done.stderr).strip()}\n{_log_tail(log_path)}")
+                         f"{(done.stdout + done.stderr).strip()}\n{log_tail(log_path)}")
 
 
 def dump(binary: str, pid: int, image_dir: str, *, leave_running: bool,

@@ -190,7 +190,8 @@ def process_info(manifest: Manifest) -> dict[str, Any]:
 
 
 def fetch(store: Store, manifest: Manifest, dest: str, *,
-          roots: Sequence[str] | None = None) -> list[TrackedFile]:
+          roots: Sequence[str] | None = None,
+          lazy_images: Sequence[str] = ()) -> list[TrackedFile]:
     """Restore the snapshot's files into ``dest`` (verified, all or nothing), then put every
     tracked file back at its path with exactly its dumped content: a log cut back to the
     dumped size, so the restored process does not write its lines a second time, or written
@@ -202,7 +203,11 @@ def fetch(store: Store, manifest: Manifest, dest: str, *,
     other hard links; modes and owners of existing files are left as they are. Every path is
     checked before anything is downloaded and every target opened before any is rewritten.
     Raises UnsafePath (a CorruptSnapshot: the snapshot is not trusted) naming the path and
-    the reason, or CorruptSnapshot."""
+    the reason, or CorruptSnapshot.
+
+    The copy in ``dest`` is a scratch copy, deleted once CRIU read it: it is not fsynced.
+    Images named in ``lazy_images`` (pages images, for a lazy restore) are left out; the
+    caller fetches them (:mod:`cairn.process.lazy`)."""
     info = process_info(manifest)
     if roots is None:
         roots = track_roots(log_dir=_run_dir_of(dest))
@@ -220,7 +225,8 @@ def fetch(store: Store, manifest: Manifest, dest: str, *,
             log.error("refusing snapshot seq %d: tracked file refused: %s", manifest.seq, e)
             raise UnsafePath(f"seq {manifest.seq}: tracked file refused: {e}",
                              seq=manifest.seq) from None
-    store.reader(manifest).restore_to(dest)
+    store.reader(manifest).restore_to(dest, durable=False,
+                                      exclude=[f"{IMAGES}/{name}" for name in lazy_images])
     for index, item in enumerate(tracked):
         source = os.path.join(dest, FILES, str(index))
         if not os.path.isfile(source) or os.path.getsize(source) != item.size:

@@ -33,6 +33,7 @@ the *thread* that forked).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import enum
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ from cairn.process import cuda as cuda_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
+from cairn.process import restore as restore_mod
 from cairn.process import staging as staging_mod
 from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
@@ -115,6 +117,8 @@ class RunSettings:
     spool_wait_s: float = 60.0  # at start: wait this long for an earlier run's spooled dumps
     # Where a dump stages without a spool (checked per dump; cairn.process.staging, ADR 0020).
     staging: staging_mod.StagingMedium = staging_mod.StagingMedium.AUTO
+    # How a snapshot is restored (cairn.process.restore, ADR 0021).
+    restore: restore_mod.RestoreMode = restore_mod.RestoreMode.EAGER
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -124,6 +128,9 @@ class RunSettings:
             raise ConfigError("--grace must be zero or more seconds")
         if self.spool_wait_s < 0:
             raise ConfigError("--spool-wait must be zero or more seconds")
+        if not isinstance(self.restore, restore_mod.RestoreMode):
+            raise ConfigError(f"restore={self.restore!r}: give a RestoreMode (parse text with "
+                              "RestoreMode.parse)")
         if not isinstance(self.staging, staging_mod.StagingMedium):
             raise ConfigError(f"staging={self.staging!r}: give a StagingMedium (parse text with "
                               "StagingMedium.parse)")
@@ -188,6 +195,9 @@ class Supervisor:
         self.cost = DumpCost()
         self.child: int | None = None
         self.restored_from: int | None = None
+        # The restore in progress: a lazy one until every page is in (no dump before that).
+        self._restored: restore_mod.Restored | None = None
+        self._failed_seqs: set[int] = set()  # lazy restores that failed verification
         self._wake = Wakeup()  # raised by the signal handlers (see cairn.runtime.wakeup for why a pipe)
         self._signal: int | None = None
         self._signal_at = 0.0
@@ -275,6 +285,8 @@ class Supervisor:
             self._summarize()
             if self.child is not None:
                 self._kill_child()
+            if self._restored is not None:
+                self._restored.close()
             shutil.rmtree(self.staging, ignore_errors=True)
             # Also what a killed run of this key left in RAM when this one never staged there.
             staging_mod.remove_private_dir(self._memory_staging)
@@ -297,6 +309,9 @@ class Supervisor:
         next_dump = time.monotonic() + s.every_s if s.every_s else None
         while True:
             status = self._reap()
+            if self._lazy_failed():
+                offsets = self._restart_after_lazy_failure()
+                continue
             if status is not None:
                 return self._workload_ended(status)
             if self._signal is not None or self._take_notice():
@@ -307,6 +322,9 @@ class Supervisor:
                           self._spool.fenced.entry, self._spool.fenced.detail)
                 return ExitCode.FENCED
             now = time.monotonic()
+            if next_dump is not None and now >= next_dump and self._pages_outstanding():
+                next_dump = now + 1.0  # a half-filled process is not a snapshot
+                continue
             if next_dump is not None and now >= next_dump and self._spool_busy():
                 next_dump = now + 1.0  # the previous dump is still being uploaded
                 continue
@@ -329,7 +347,8 @@ class Supervisor:
         reason = None
         snapshots = [i for i in self._store.snapshots(self.key)
                      if i.manifest.mode is SnapshotMode.PROCESS
-                     and i.seq not in self.settings.exclude_seqs]
+                     and i.seq not in self.settings.exclude_seqs
+                     and i.seq not in self._failed_seqs]
         for info in snapshots:
             manifest = info.manifest
             differences = compat_mod.differences(manifest.metadata.get("compat") or {},
@@ -376,26 +395,27 @@ class Supervisor:
             time.sleep(0.1)
 
     def _restore(self, manifest: Manifest) -> list[snap_mod.TrackedFile]:
-        """Fetch and restore ``manifest``; returns the tracked files as put back."""
+        """Fetch and restore ``manifest`` (:mod:`cairn.process.restore`); returns the tracked
+        files as put back. A lazy restore is left in ``self._restored`` until every page is
+        in."""
         assert self._store is not None and self._criu is not None
         self._wait_for_pids(manifest)
-        dest = os.path.join(self.staging, f"restore-{manifest.seq}")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.makedirs(self.staging, exist_ok=True)
-        try:
-            tracked = snap_mod.fetch(self._store, manifest, dest, roots=self._track_roots)
-            for socket_path in read_unix_socket_paths(os.path.join(dest, snap_mod.IMAGES)):
-                self._prepare_socket_dir(socket_path)
-            shm_files = torch_shm.recreate(os.path.join(dest, snap_mod.IMAGES))
-            pidfile = os.path.join(self.staging, "restored.pid")
-            try:
-                self.child = criu_mod.restore(self._criu, os.path.join(dest, snap_mod.IMAGES),
-                                              pidfile=pidfile)
-            except BaseException:
-                torch_shm.remove(shm_files)
-                raise
-        finally:
-            shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(self.staging, exist_ok=True)  # the pid file's directory
+        pidfile = os.path.join(self.staging, "restored.pid")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)  # an earlier restore's (CRIU refuses to overwrite it)
+        scratch = os.path.join(self._restore_parent(manifest), f"restore-{manifest.seq}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        mode = self.settings.restore
+        restored = restore_mod.restore(
+            self._store, manifest, criu=self._criu, scratch=scratch,
+            pidfile=pidfile, roots=self._track_roots,
+            mode=mode, prepare=self._prepare_restore, kill_tree=self._kill_restored_tree,
+            uffd_ok=mode is not restore_mod.RestoreMode.LAZY
+            or criu_mod.has_feature(self._criu, "uffd-noncoop"))
+        self.child = restored.pid
+        self._restored = restored
+        tracked = restored.tracked
         gpu = [int(p) for p in snap_mod.process_info(manifest).get("gpu_pids", [])]
         if gpu:
             api = self._cuda_api()
@@ -411,6 +431,92 @@ class Supervisor:
             log.warning("cannot move ns_last_pid past the restored PIDs (%s); the workload's "
                         "new children may get low PIDs", e)
         return tracked
+
+    def _restore_parent(self, manifest: Manifest) -> str:
+        """Where a restore's scratch copy goes: memory when the headroom covers the copy and
+        the restored process both (the staging policy, ``RunSettings.staging``), else the
+        work directory."""
+        image = int(snap_mod.process_info(manifest).get("image_bytes") or 0)
+        choice = staging_mod.choose_staging(self.settings.staging, image_bytes=2 * image or None,
+                                            memory_dir=self._memory_staging,
+                                            disk_dir=self.staging)
+        parent = choice.parent
+        if parent == self._memory_staging and not self._memory_ready:
+            try:
+                staging_mod.prepare_private_dir(parent)
+                self._memory_ready = True
+            except ConfigError as e:
+                log.warning("%s; restoring through the disk instead", e)
+                parent = self.staging
+        log.info("restore scratch at %s (%s; the copy and the restored process)", parent,
+                 choice.reason)
+        os.makedirs(parent, exist_ok=True)
+        return parent
+
+    def _prepare_restore(self, image_dir: str) -> Callable[[], None]:
+        """What a restore needs besides its images; returns what undoes it."""
+        for socket_path in read_unix_socket_paths(image_dir):
+            self._prepare_socket_dir(socket_path)
+        shm_files = torch_shm.recreate(image_dir)
+        return lambda: torch_shm.remove(shm_files)
+
+    def _kill_restored_tree(self, root: int) -> None:
+        """Kill the tree a lazy restore is still filling (from its threads: signals only)."""
+        for pid in reversed(workload.process_tree(root)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _pages_outstanding(self) -> bool:
+        """Whether a lazy restore is still filling the workload's memory."""
+        if self._restored is None:
+            return False
+        if self._restored.finished:
+            lazy = self._restored.lazy
+            if lazy is not None and lazy.failure is None:
+                st = lazy.stats
+                log.warning("lazy restore complete: every page in after %.2fs (running after "
+                            "%.2fs); %.1f MB served in %d requests", st.resident_s or 0.0,
+                            st.restored_s, st.bytes_served / 1e6, st.requests)
+            if lazy is None or lazy.failure is None:
+                self._restored = None
+            return False
+        return True
+
+    def _lazy_failed(self) -> bool:
+        restored = self._restored
+        if restored is None or restored.lazy is None:
+            return False
+        restored.lazy.poll()  # a daemon that died sets the failure (and kills the tree)
+        return restored.lazy.failure is not None
+
+    def _restart_after_lazy_failure(self) -> dict[str, int]:
+        """A lazy restore failed (a chunk did not verify, or the daemon died): its tree is
+        killed; reap it and start again from the previous snapshot (or fresh)."""
+        assert self._restored is not None and self._restored.lazy is not None
+        seq = self.restored_from
+        log.error("the restore of snapshot seq %s failed while the workload ran: %s; it was "
+                  "stopped, trying the previous snapshot", seq, self._restored.lazy.failure)
+        self._restored.close()
+        self._restored = None
+        if seq is not None:
+            self._failed_seqs.add(seq)
+        deadline = time.monotonic() + PID_WAIT_S
+        while self.child is not None and time.monotonic() < deadline:
+            self._kill_restored_tree(self.child)
+            if self._reap() is None:
+                time.sleep(0.05)
+        if self._echo is not None:
+            self._echo.stop()
+            self._echo = None
+        self.restored_from = None
+        offsets = self._start_workload()
+        if self.settings.echo:
+            self._echo = LogEcho([(self.stdout_path, sys.stdout.buffer),
+                                  (self.stderr_path, sys.stderr.buffer)])
+            self._echo.start_at(offsets)
+        return offsets
 
     def _spawn_fresh(self) -> None:
         s = self.settings
@@ -742,6 +848,10 @@ class Supervisor:
                 return None
             if pid == 0:
                 return None
+            restored = self._restored
+            if restored is not None and restored.lazy is not None and \
+                    restored.lazy.reaped(pid, status):
+                continue
             if pid == self.child:
                 self.child = None
                 if self._proc is not None and self._proc.pid == pid:
@@ -822,6 +932,10 @@ class Supervisor:
         self._poll_spool()
         kept = self._last_committed_seq()
         kept_text = f"snapshot seq {kept} kept" if kept is not None else "no snapshot to keep"
+        if self._pages_outstanding():
+            log.error("%s: no final snapshot: the lazy restore of seq %s is still filling the "
+                      "workload's memory; %s", name, self.restored_from, kept_text)
+            return ExitCode.PREEMPTED_KEPT
         if estimate > remaining:
             log.error("%s: no final snapshot: %s %.1fs and %.1fs of the budget are left (grace "
                       "%.0fs); %s", name, basis, estimate, remaining, self.settings.grace_s,

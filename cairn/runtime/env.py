@@ -64,6 +64,9 @@ STAGING = Var("CAIRN_STAGING", "where `cairn run` stages a dump without a spool:
               "(disk while its page cache takes 1.2 x the last image unthrottled, else memory "
               "when the headroom covers that), `memory` (tmpfs) or `disk` (the work "
               "directory)", "the user", "`cairn run`", default="auto")
+RESTORE = Var("CAIRN_RESTORE", "how `cairn run` restores a snapshot: `eager` (every page "
+              "in before the workload runs) or `lazy` (it runs while its memory arrives; "
+              "GPU snapshots stay eager)", "the user", "`cairn run`", default="eager")
 CRIU = Var("CAIRN_CRIU", "the CRIU binary to use (else `criu` on PATH)", "the user",
            "process mode")
 IMAGE_DIGEST = Var("CAIRN_IMAGE_DIGEST", "the container image digest, for the compatibility "
@@ -80,8 +83,8 @@ KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cai
                   "command instead of running it", "tests", "KFP's `run_command`")
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
-                        STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, CRIU, IMAGE_DIGEST, PLACEMENT_OPTION,
-                        PLACEMENT_REASON, TRACK_ROOTS, KFP_DRY_RUN)
+                        STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
+                        PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
 

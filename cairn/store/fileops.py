@@ -83,3 +83,11 @@ class OsFileOps:
 
     def utime(self, path: str, ns: int) -> None:
         os.utime(path, ns=(ns, ns))
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``pwrite`` may write less than asked)."""
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data = data[written:]
+        offset += written

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from cairn.exceptions import ConfigError, CorruptSnapshot, NotFound
 from cairn.store.backend import Backend
 from cairn.store.confined import masked_mode, open_beneath
-from cairn.store.fileops import OsFileOps
+from cairn.store.fileops import OsFileOps, pwrite_all
 from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
 
@@ -291,7 +291,7 @@ class SnapshotReader:
                 # range of its own, read into memory of its size.
                 view = memoryview(buffer if len(buffer) >= rng.length else bytearray(rng.length))
                 self._fetch_verified(rng, view)
-                _pwrite_all(out.fd, view[:rng.length], position)
+                pwrite_all(out.fd, view[:rng.length], position)
             finally:
                 buffers.put(buffer)
             return rng.length
@@ -372,9 +372,3 @@ class _OpenFile:
             fd, self.fd = self.fd, None
             os.close(fd)
 
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(fd, data, offset)
-        data = data[written:]
-        offset += written

@@ -1,0 +1,118 @@
+"""``cairn run --restore lazy`` with real CRIU and userfaultfd: the step resumes while its
+memory is served from verified chunks, every step exactly once; a chunk of a lazily served
+page that fails verification stops the restored workload and the previous snapshot is used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cairn.process import criu as criu_mod
+from cairn.process.images import PAGE_SIZE, PE_LAZY, read_pagemap
+from cairn.store import Key, open_store
+from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, gone, metric_steps, \
+    wait_for
+from tests.support.tamper import flip_byte
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
+    pytest.mark.skipif(CRIU is None or not criu_mod.has_feature(CRIU, "uffd-noncoop"),
+                       reason="this kernel has no userfaultfd for CRIU"),
+]
+
+STEPS = 300
+KEY = "dag/lazy/1"
+
+
+def counter(tmp_path: Path, *, restore: str) -> CairnRun:
+    work = tmp_path / "workspace"
+    work.mkdir(exist_ok=True)
+    return CairnRun(store=str(tmp_path / "store"), key=KEY,
+                    command=[sys.executable, str(COUNTER), str(work / "metrics.txt"), str(STEPS),
+                             "0.05"],
+                    workdir=work / "cairn", logs=tmp_path / "logs", every="1s",
+                    extra=["--restore", restore], cwd=tmp_path)
+
+
+def interrupted_run(tmp_path: Path, snapshots: int) -> None:
+    """A first run killed (supervisor and workload) after ``snapshots`` commits."""
+    first = counter(tmp_path, restore="eager")
+    try:
+        wait_for(lambda: len(first.committed()) >= snapshots or first.proc.poll() is not None,
+                 180, f"{snapshots} snapshots")
+        assert first.proc.poll() is None, first.stderr
+        child = first.child_pid()
+    finally:
+        first.kill()
+    wait_for(lambda: child is None or gone(child), 30, "the workload to die with its supervisor")
+
+
+def test_a_lazy_restore_resumes_every_step_once(tmp_path: Path) -> None:
+    interrupted_run(tmp_path, 2)
+    second = counter(tmp_path, restore="lazy")
+    assert second.wait(300) == 0, second.stderr
+    assert "restored snapshot seq" in second.stderr, second.stderr
+    assert "lazy restore complete: every page in" in second.stderr, second.stderr
+    assert "restoring snapshot seq" not in second.stderr, "no fallback to eager"
+    assert metric_steps(tmp_path / "workspace" / "metrics.txt") == list(range(STEPS))
+
+
+def lazy_chunk_only_in(store_url: str, newest: int, previous: int) -> tuple[str, int]:
+    """``(pack, offset)`` of a chunk of the newest snapshot's lazily restored pages that the
+    previous snapshot does not share."""
+    with open_store(store_url) as store:
+        key = Key.parse(KEY)
+        new, old = store.manifest(key, newest), store.manifest(key, previous)
+        shared = {c.digest for c in old.chunk_refs()}
+        reader = store.reader(new)
+        for entry in new.files:
+            name = entry.path.rsplit("/", 1)[-1]
+            if not name.startswith("pagemap-"):
+                continue
+            local = Path(store_url) / ".." / f"{name}.copy"
+            local.write_bytes(reader.read_file(entry.path))
+            pages_id, runs = read_pagemap(local)
+            pages = new.file(f"images/pages-{pages_id}.img")
+            starts, position = [], 0
+            for chunk in pages.chunks:
+                starts.append((position, chunk))
+                position += chunk.size
+            offset = 0
+            for run in runs:
+                if not run.present:
+                    continue
+                end = offset + run.nr_pages * PAGE_SIZE
+                if run.flags & PE_LAZY:
+                    for start, chunk in starts:
+                        if offset <= start < end and chunk.digest not in shared:
+                            return chunk.pack, chunk.offset
+                offset = end
+    raise AssertionError("no lazily restored chunk is unique to the newest snapshot")
+
+
+def test_a_lazy_page_that_fails_verification_falls_back_to_the_previous_snapshot(
+        tmp_path: Path) -> None:
+    interrupted_run(tmp_path, 3)
+    store_url = str(tmp_path / "store")
+    with open_store(store_url) as store:
+        seqs = [info.seq for info in store.snapshots(Key.parse(KEY))]
+        backend = store.backend
+        newest, previous = seqs[0], seqs[1]
+        pack, offset = lazy_chunk_only_in(store_url, newest, previous)
+        flip_byte(backend, pack, offset)
+    second = counter(tmp_path, restore="lazy")
+    assert second.wait(300) == 0, second.stderr
+    err = second.stderr
+    assert f"the restore of snapshot seq {newest} failed while the workload ran" in err, err
+    assert "does not match its digest" in err, err
+    assert f"restored snapshot seq {previous} of key" in err, err
+    assert metric_steps(tmp_path / "workspace" / "metrics.txt") == list(range(STEPS)), \
+        "each step exactly once, the failed restore's lines cut back"
+    leftovers = [root for root, _, _ in os.walk(tmp_path / "workspace" / "cairn")
+                 if os.path.basename(root).startswith("restore-")]
+    assert leftovers == [], "a failed restore's scratch is removed"
