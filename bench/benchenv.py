@@ -165,3 +165,21 @@ def store_read_parts() -> list[tuple[Any, str, str]]:
     from cairn.store.local import LocalBackend
 
     return [(LocalBackend, "read_range_into", "read"), (reader, "compute_digest", "verify")]
+
+
+def print_breakdowns(title: str, parts: dict[str, dict[str, Any]], *, width: int = 28) -> None:
+    """One line per side: its total = its parts (+ other) | pool busy time."""
+    print(f"where time goes, {title} (seconds; the parts add up to the total; pool: busy time "
+          "on other threads, overlapping it):")
+    for name, b in parts.items():
+        shown = " + ".join(f"{k} {v:.3f}" for k, v in b["parts_s"].items())
+        line = f"  {name:<{width}} {b['total_s']:.3f} = {shown}"
+        if b.get("pool_busy_s"):
+            line += " | pool: " + ", ".join(f"{k} {v:.3f}" for k, v in b["pool_busy_s"].items())
+        print(line)
+
+
+def print_peers(peers: dict[str, str], *, width: int = 28) -> None:
+    print("peer configurations:")
+    for name, text in peers.items():
+        print(f"  {name:<{width}} {text}")

@@ -55,10 +55,11 @@ What is measured:
   ``torch.load(mmap=True, weights_only=True)`` + ``load_state_dict`` (the file is mapped and
   read as ``load_state_dict`` copies it), and ``get_state_dict`` + ``dcp.load`` +
   ``set_state_dict``. All restore the same state (saved last, unchanged);
-  ``restore_vs_torch_load`` is against the faster ``torch.load`` form. Each restore runs in a fresh process, as a retried task would: it
-  builds the model and an empty optimizer, drops the page cache, waits ``--settle`` seconds
-  (default 4), then times the restore alone; the parent checks a digest of the restored
-  model and optimizer against the live ones. Why fresh processes and the pause: the memory a
+  ``restore_vs_torch_load`` is against the faster ``torch.load`` form. Each restore runs in
+  a fresh process, as a retried task would: it builds the model and an empty optimizer,
+  drops the page cache, waits ``--settle`` seconds (default 4), then times the restore
+  alone; the parent checks a digest of the restored model and optimizer against the live
+  ones. Why fresh processes and the pause: the memory a
   restore fills decides its time on a VM like the 2-core dev VM, where touching memory the
   guest freed seconds ago costs about 1.3 s per GB (free page reporting hands it back to the
   host) while memory the process freed a moment ago costs next to nothing. In one process,
@@ -77,9 +78,10 @@ What is measured:
   ``SnapshotPolicy(every_steps=...)``) against the same number of steps without, run in
   alternating blocks of ``--snapshot-every`` steps with the snapshot in the middle of each
   block so that its persist overlaps training; a block with a snapshot ends when that
-  snapshot is durable (a persist still running is waited for inside the timer). The Checkpointer is warm (its buffer and writer
-  exist), as in a long run. The writer process runs at nice 19: ``persist_windows_s`` (the
-  time from ``save`` until durable while training runs) is its time-to-durable under load.
+  snapshot is durable (a persist still running is waited for inside the timer). The
+  Checkpointer is warm (its buffer and writer exist), as in a long run. The writer process
+  runs at nice 19: ``persist_windows_s`` (the time from ``save`` until durable while
+  training runs) is its time-to-durable under load.
 
 Where time goes: each snapshot's time to durable and each restore is split into parts, timed
 on the measuring thread (cairn's by wrapping its functions while the side runs:
@@ -138,6 +140,8 @@ from benchenv import (  # bench/ is on sys.path when run as a script
     fsync_path,
     loadavg,
     mean_breakdown,
+    print_breakdowns,
+    print_peers,
     remove,
     store_read_parts,
     store_write_parts,
@@ -1017,23 +1021,6 @@ def print_restore_table(restores: dict[str, list[float]], cold: bool, best_load:
     print("(* the faster torch.load form, which restore_vs_torch_load uses)")
 
 
-def print_breakdowns(title: str, parts: dict[str, dict[str, Any]]) -> None:
-    print(f"where time goes, {title} (seconds; the parts add up to the total; pool: busy time "
-          "on other threads, overlapping it):")
-    for name, b in parts.items():
-        shown = " + ".join(f"{k} {v:.3f}" for k, v in b["parts_s"].items())
-        line = f"  {name:<28} {b['total_s']:.3f} = {shown}"
-        if b.get("pool_busy_s"):
-            line += " | pool: " + ", ".join(f"{k} {v:.3f}" for k, v in b["pool_busy_s"].items())
-        print(line)
-
-
-def print_peers(peers: dict[str, str]) -> None:
-    print("peer configurations:")
-    for name, text in peers.items():
-        print(f"  {name:<28} {text}")
-
-
 def print_steps(frozen: dict[str, Any], steps: dict[str, Any]) -> None:
     print(f"frozen {frozen['frozen_fraction'] * 100:.1f}% fine-tune: 2nd snapshot wrote "
           f"{frozen['bytes_written'] / 1e6:.1f} MB (padding {frozen['padding_bytes'] / 1e3:.0f} "
@@ -1140,7 +1127,8 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     print_peers(peers)
     figures = {
         "stall_vs_memcpy": round(cairn["stall_median_s"] / memcpy["median_s"], 4),
-        "stall_vs_dcp_best": round(cairn["stall_median_s"] / summary[dcp_best]["stall_median_s"], 4),
+        "stall_vs_dcp_best": round(
+            cairn["stall_median_s"] / summary[dcp_best]["stall_median_s"], 4),
         "restore_vs_torch_load": round(restore_med["cairn"] / restore_med[best_load], 4),
         "frozen90_vs_floor": frozen["frozen90_vs_floor"],
         "amortized_slowdown": steps["amortized"]["amortized_slowdown"] if steps else None,

@@ -62,22 +62,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-import cairn.store.reader as reader_module
-import cairn.store.writer as writer_module
 from benchenv import (  # bench/ is on sys.path when run as a script
     Timers,
     drop_caches,
     fsync_path,
     loadavg,
     mean_breakdown,
+    print_breakdowns,
+    print_peers,
     remove,
+    store_read_parts,
+    store_write_parts,
     timed_attributes,
 )
 from cairn.store import Key, Store, StoreSettings, open_store
 from cairn.store.fileops import OsFileOps
 from cairn.store.hashing import digest
-from cairn.store.local import LocalBackend
-from cairn.store.packs import PACKS_PREFIX, PackWriter
+from cairn.store.packs import PACKS_PREFIX
 
 KEY = Key.parse("bench/store/run")
 FILE_NAME = "data.bin"
@@ -87,13 +88,8 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 # What each cairn side's breakdown times: (owner, attribute, part). Calls nested in a timed
 # call on the same thread count once, for the outer part (fsync inside fsync_dir).
-WRITE_PARTS = [(writer_module, "compute_digest", "hash"), (OsFileOps, "write", "write"),
-               (OsFileOps, "open_new", "create"), (OsFileOps, "mkdir", "mkdir"),
-               (OsFileOps, "fsync", "fsync"), (OsFileOps, "fsync_dir", "fsync_dir"),
-               (OsFileOps, "link", "publish"),
-               (PackWriter, "flush", "wait_for_packs_durable")]
-READ_PARTS = [(LocalBackend, "read_range_into", "read"),
-              (reader_module, "compute_digest", "verify")]
+WRITE_PARTS = store_write_parts()
+READ_PARTS = store_read_parts()
 RESTORE_PARTS = [*READ_PARTS, (OsFileOps, "fsync_dir", "fsync_dir"), (os, "fsync", "fsync")]
 
 
@@ -484,23 +480,6 @@ def print_table(summary: dict[str, Any], cold: bool, hash_gbps: float, chunk: in
     print("(* the faster baseline, which the ratio uses)")
 
 
-def print_peers(peers: dict[str, str]) -> None:
-    print("peer configurations:")
-    for side, text in peers.items():
-        print(f"  {side:<16} {text}")
-
-
-def print_breakdowns(parts: dict[str, dict[str, Any]]) -> None:
-    print("where time goes (seconds, mean of runs; the parts add up to the total; pool: busy "
-          "time on other threads, overlapping it):")
-    for side, b in parts.items():
-        shown = " + ".join(f"{k} {v:.3f}" for k, v in b["parts_s"].items())
-        line = f"  {side:<16} {b['total_s']:.3f} = {shown}"
-        if b.get("pool_busy_s"):
-            line += " | pool: " + ", ".join(f"{k} {v:.3f}" for k, v in b["pool_busy_s"].items())
-        print(line)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = build_settings(args)
@@ -545,9 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(summary, cold, hash_gbps, settings.max_chunk_bytes)
     print()
-    print_peers(peers)
+    print_peers(peers, width=16)
     print()
-    print_breakdowns(parts)
+    print_breakdowns("mean of runs", parts, width=16)
     figures = {"write_ratio": summary["write"]["ratio"], "read_ratio": summary["read"]["ratio"]}
     targets = {k: {"value": v, "target": TARGETS[k], "met": v >= TARGETS[k]}
                for k, v in figures.items()}

@@ -7,18 +7,15 @@ without root the page cache is not dropped and the bench says warm cache.
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.bench_runs import check_adds_up, positive, run_quick
+
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "state_bench.py"
 FIGURES = ("stall_vs_memcpy", "stall_vs_dcp_best", "restore_vs_torch_load", "frozen90_vs_floor",
            "amortized_slowdown", "first_stall_vs_median")
 CONTENDERS = {"cairn", "cairn_inline", "torch_save", "dcp_save", "dcp_async_default",
@@ -26,26 +23,12 @@ CONTENDERS = {"cairn", "cairn_inline", "torch_save", "dcp_save", "dcp_async_defa
 RESTORES = {"cairn", "torch_load", "torch_load_mmap", "dcp_load"}
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-
-
-def _adds_up(b: dict[str, Any]) -> None:
-    assert _positive(b["total_s"]), b
-    assert sum(b["parts_s"].values()) == pytest.approx(b["total_s"], abs=1e-3 * len(b["parts_s"]))
-    # Timed on the measuring thread, so no part can exceed the whole (the remainder, "other",
-    # would go negative if a part were counted twice).
-    assert all(v >= -1e-3 for v in b["parts_s"].values()), b
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     parent = tmp_path_factory.mktemp("state-bench")
-    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--dir", str(parent)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout, parent
+    summary, stdout = run_quick("state_bench.py", parent, timeout=600)
+    return summary, stdout, parent
 
 
 def test_summary_has_every_figure_and_target(run: tuple[dict[str, Any], str, Path]) -> None:
@@ -57,7 +40,7 @@ def test_summary_has_every_figure_and_target(run: tuple[dict[str, Any], str, Pat
         assert key in summary, key
     assert summary["quick"] is True and summary["runs"] == 1
     for name in FIGURES:
-        assert _positive(summary[name]), (name, summary[name])
+        assert positive(summary[name]), (name, summary[name])
     assert set(summary["targets"]) == set(FIGURES)
     for name, target in summary["targets"].items():
         assert target["value"] == summary[name]
@@ -81,7 +64,7 @@ def test_each_target_is_against_the_best_peer(run: tuple[dict[str, Any], str, Pa
     assert summary["first_stall_vs_median"] == pytest.approx(
         cairn["first_stall_s"] / cairn["stall_median_s"], rel=1e-2)
     amortized = summary["steps"]["amortized"]
-    assert amortized["snapshots"] == 2 and _positive(amortized["with_s"])
+    assert amortized["snapshots"] == 2 and positive(amortized["with_s"])
 
 
 def test_peer_configurations_are_named(run: tuple[dict[str, Any], str, Path]) -> None:
@@ -102,8 +85,8 @@ def test_breakdowns_add_up_to_their_totals(run: tuple[dict[str, Any], str, Path]
     snapshots = summary["snapshots"]
     assert set(snapshots) == CONTENDERS
     for name, s in snapshots.items():
-        _adds_up(s["breakdown"])
-        _adds_up(s["first_breakdown"])
+        check_adds_up(s["breakdown"])
+        check_adds_up(s["first_breakdown"])
         assert s["breakdown"]["total_s"] == pytest.approx(s["durable_median_s"], abs=1e-3), name
     cairn = snapshots["cairn"]["breakdown"]["parts_s"]
     assert cairn["gather"] > 0 and cairn["stage_copy"] > 0 and cairn["wait_for_writer"] > 0
@@ -111,7 +94,7 @@ def test_breakdowns_add_up_to_their_totals(run: tuple[dict[str, Any], str, Path]
     assert inline["hash"] > 0 and inline["write"] > 0
     assert snapshots["torch_save"]["breakdown"]["parts_s"]["fsync"] > 0
     for side, r in summary["restore"].items():
-        _adds_up(r["breakdown"])
+        check_adds_up(r["breakdown"])
         assert r["breakdown"]["total_s"] == pytest.approx(r["median_s"], abs=1e-3), side
     cairn_restore = summary["restore"]["cairn"]["breakdown"]
     assert cairn_restore["parts_s"]["read_and_verify"] > 0

@@ -6,34 +6,24 @@ bench's business); without root the page cache is not dropped and the bench says
 
 from __future__ import annotations
 
-import json
-import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.bench_runs import check_adds_up, positive, run_quick
+
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "store_bench.py"
 SIDES = {"write_serial", "write_parallel", "cairn_write", "read", "cairn_read", "restore",
          "cairn_restore"}
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     parent = tmp_path_factory.mktemp("store-bench")
-    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--dir", str(parent)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout, parent
+    summary, stdout = run_quick("store_bench.py", parent, timeout=300)
+    return summary, stdout, parent
 
 
 def test_summary_has_every_figure_and_target(run: tuple[dict[str, Any], str, Path]) -> None:
@@ -45,7 +35,7 @@ def test_summary_has_every_figure_and_target(run: tuple[dict[str, Any], str, Pat
     assert summary["size_bytes"] == 32 << 20 and summary["runs"] == 2
     for key in ("write_ratio", "read_ratio", "restore_ratio", "write_ratio_vs_serial",
                 "write_ratio_vs_parallel", "hash_gbps"):
-        assert _positive(summary[key]), (key, summary[key])
+        assert positive(summary[key]), (key, summary[key])
     assert set(summary["targets"]) == {"write_ratio", "read_ratio"}
     for name, target in summary["targets"].items():
         assert target["value"] == summary[name]
@@ -81,13 +71,8 @@ def test_breakdowns_add_up_to_their_totals(run: tuple[dict[str, Any], str, Path]
     summary, stdout, _ = run
     parts = summary["breakdown"]
     assert set(parts) == SIDES
-    for side, b in parts.items():
-        assert _positive(b["total_s"]), side
-        assert sum(b["parts_s"].values()) == pytest.approx(b["total_s"], abs=1e-3 * len(
-            b["parts_s"]))
-        # Timed on the side's own thread, so no part can exceed the whole (the remainder,
-        # "other", would go negative if a part were counted twice).
-        assert all(v >= -1e-3 for v in b["parts_s"].values()), (side, b)
+    for b in parts.values():
+        check_adds_up(b)
     assert parts["write_serial"]["parts_s"]["write"] > 0
     assert parts["write_serial"]["parts_s"]["fsync"] > 0
     assert parts["write_parallel"]["pool_busy_s"]["write"] > 0
