@@ -22,6 +22,8 @@ Commands:
   exactly that fraction changes, spread over the whole buffer; result: bytes changed;
 * ``scatter FRACTION``: replace ``FRACTION`` of the pages, each a single page (4 KiB) picked at
   random without replacement; result: bytes changed;
+* ``touch FRACTION SEED``: read 64 bytes of ``FRACTION`` of the pages, picked at random from
+  ``SEED`` (what a step reads first after a restore); result: a SHA-1 of what was read;
 * ``checksum``: result: the hex digest of the whole buffer (BLAKE3, else SHA-1);
 * ``exit``: acknowledge and exit 0.
 
@@ -103,6 +105,16 @@ class Memory:
             self.buf[page * PAGE:(page + 1) * PAGE] = random_bytes(key, PAGE, i * PAGE)
         return PAGE * len(chosen)
 
+    def touch(self, seq: int, fraction: float) -> str:
+        """Read ``fraction`` of the pages, picked at random (what a step after a restore
+        reads first); a digest of what was read, so a wrong page shows."""
+        pages = self.size // PAGE
+        rng = random.Random(f"touch-{self.seed}-{seq}")
+        h = hashlib.sha1()
+        for page in sorted(rng.sample(range(pages), int(pages * fraction))):
+            h.update(self.buf[page * PAGE:page * PAGE + 64])
+        return h.hexdigest()
+
     def checksum(self) -> str:
         h = blake3.blake3() if blake3 is not None else hashlib.sha1()
         view = memoryview(self.buf)
@@ -140,6 +152,8 @@ def serve(memory: Memory, directory: str) -> None:
             result = str(memory.contig(seq, float(args[0]), int(args[1])))
         elif command == "scatter":
             result = str(memory.scatter(seq, float(args[0])))
+        elif command == "touch":
+            result = memory.touch(int(args[1]), float(args[0]))
         elif command == "checksum":
             result = memory.checksum()
         elif command == "exit":
