@@ -1,7 +1,8 @@
 """Restoring a process snapshot: fetch its images, then CRIU, eagerly or lazily.
 
-*Eager* (the default): every image is fetched and verified into a scratch directory (tmpfs
-when the memory headroom covers it, :mod:`cairn.process.staging`), then ``criu restore``
+*Eager* (the default): every image is fetched and verified into a scratch directory (where
+the staging policy puts the copy plus the restored process, :mod:`cairn.process.staging`),
+then ``criu restore``
 reads it and the scratch is removed. The fetch is one pipeline of verified ranged reads
 written in place, with no fsync: the copy only lives until CRIU has read it.
 

@@ -433,9 +433,9 @@ class Supervisor:
         return tracked
 
     def _restore_parent(self, manifest: Manifest) -> str:
-        """Where a restore's scratch copy goes: memory when the headroom covers the copy and
-        the restored process both (the staging policy, ``RunSettings.staging``), else the
-        work directory."""
+        """Where a restore's scratch copy goes: where the staging policy
+        (``RunSettings.staging``) would put an image of the copy and the restored process
+        together."""
         image = int(snap_mod.process_info(manifest).get("image_bytes") or 0)
         choice = staging_mod.choose_staging(self.settings.staging, image_bytes=2 * image or None,
                                             memory_dir=self._memory_staging,
