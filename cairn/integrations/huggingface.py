@@ -40,11 +40,15 @@ left them. The callback records the RNG states each batch fetch starts from (it 
 dataset's ``__getitems__``, which torch's fetcher calls once a batch), snapshots those of the
 batches fetched but not yet trained, and replays them for the first fetches after a resume.
 
+With ``dataloader_num_workers > 0`` and torchdata installed, augmentation drawn in the workers
+resumes exactly too: :mod:`cairn.integrations._hf_loader` makes the train loader a
+``StatefulDataLoader`` whose position and workers' RNGs the snapshot holds, and positions it
+on resume in place of transformers' ``skip_first_batches`` (without torchdata, training logs at
+its start that a resume will not be exact).
+
 Not captured, as with transformers' own resume: the running loss sum between two logging
-steps (the first logged loss after a resume averages the steps since the resume), random
-augmentation drawn in dataloader workers (transformers' DataLoader cannot save its workers'
-state: they are seeded anew when the fast-forwarded loader starts; a resume says so in one log
-line), and state a custom ``Trainer`` subclass keeps in attributes. Refused: DeepSpeed, FSDP, ``model_init`` and ``auto_find_batch_size``.
+steps (the first logged loss after a resume averages the steps since the resume), and state a
+custom ``Trainer`` subclass keeps in attributes. Refused: DeepSpeed, FSDP, ``model_init`` and ``auto_find_batch_size``.
 Single-process training is tested; under DDP every rank runs :func:`train` and writes one
 part per rank, as under torchrun, but that has not been run.
 """
@@ -52,6 +56,7 @@ part per rank, as under torchrun, but that has not been run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import json
@@ -75,6 +80,7 @@ try:
 except ImportError as _transformers_error:
     raise missing("Hugging Face transformers", "huggingface", _transformers_error) from None
 
+from cairn.integrations._hf_loader import WorkerLoader, unsupported
 from cairn.state import capture, loader_workers, rng
 
 log = logging.getLogger(__name__)
@@ -117,7 +123,7 @@ def train(trainer: Trainer, *, store: Any = None, key: Any = None, checkpointer:
     with tempfile.TemporaryDirectory(prefix="cairn-hf-") as scratch:
         try:
             resume_dir = callback._prepare(trainer, scratch)
-            with _without(_EMPTY_WEIGHTS_WARNING):
+            with _without(_EMPTY_WEIGHTS_WARNING), callback._loader_active():
                 output = trainer.train(resume_from_checkpoint=resume_dir, **train_kwargs)
         except BaseException as e:
             callback._abort(e)
@@ -155,6 +161,7 @@ class CairnCallback(TrainerCallback):
         self._rng: dict[str, Any] | None = None
         self._last_global_step = 0
         self._ledger: _FetchLedger | None = None
+        self._workers: WorkerLoader | None = None
         self._start_step = 0
 
     # -- before trainer.train() --------------------------------------------------------------
@@ -170,11 +177,15 @@ class CairnCallback(TrainerCallback):
         self._trainer = trainer
         self._optimizer = trainer.create_optimizer()
         self._ledger = _FetchLedger.install(trainer)
+        self._workers = WorkerLoader.create(trainer)
         state = _TrainerState(trainer, self)
         scaler = getattr(trainer.accelerator, "scaler", None)
         start = ckpt.restore(model=trainer.model, optimizer=self._optimizer,
                              scheduler=self._scheduler, scaler=scaler, loader=state)
         if ckpt.restored_from is None:
+            # Said now, not only on the first resume, so the fix can come before it is needed.
+            loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger, unseen=False),
+                                            what="a resume of this Trainer")
             return None
         doc = state.loaded
         if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
@@ -193,7 +204,10 @@ class CairnCallback(TrainerCallback):
         if self._ledger is not None:
             self._ledger.replay = list(doc.get("fetch_rng") or [])
         unseen = "fetch_rng" in doc and doc["fetch_rng"] is None
-        loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger, unseen=unseen),
+        reasons = _not_exact(trainer, self._ledger, unseen=unseen)
+        if self._workers is not None:
+            reasons += self._workers.resume(doc.get("workers"))
+        loader_workers.log_if_not_exact(reasons,
                                         what=f"resuming the Trainer at global step {start}")
         # Creating the LR scheduler inside train() sets every group's lr to its step-0 value;
         # transformers' own resume loads the optimizer after that, and so do we, in
@@ -226,6 +240,14 @@ class CairnCallback(TrainerCallback):
                               f"snapshot holds step {self.restored_step}: this transformers "
                               "version does not take its place from trainer_state.json")
 
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._workers is not None:
+            self._workers.epoch_begins()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._workers is not None:
+            self._workers.step_ended()
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._rng is not None:
             capture.set_rng_state(self._rng)
@@ -255,6 +277,9 @@ class CairnCallback(TrainerCallback):
             close_quietly(ckpt, e)
             raise
         ckpt.close()  # raises if the last snapshot failed
+
+    def _loader_active(self) -> Any:
+        return self._workers.active() if self._workers is not None else contextlib.nullcontext()
 
     def _abort(self, reason: BaseException) -> None:
         ckpt, self.checkpointer = self.checkpointer, None
@@ -297,8 +322,10 @@ class _TrainerState:
             # dataset object (it rebuilds a datasets.Dataset to drop unused columns).
             fetch_rng = None if trained > 0 and owner._ledger.fetches == 0 \
                 else owner._ledger.ahead(trained)
+        workers = owner._workers.state() if owner._workers is not None else None
         return {"version": STATE_VERSION, "transformers": transformers.__version__,
-                "trainer_state": json.dumps(doc, sort_keys=True), "fetch_rng": fetch_rng}
+                "trainer_state": json.dumps(doc, sort_keys=True), "fetch_rng": fetch_rng,
+                "workers": workers}
 
     def load_state_dict(self, state: Any) -> None:
         self.loaded = state
@@ -352,13 +379,12 @@ def _not_exact(trainer: Trainer, ledger: _FetchLedger | None, *, unseen: bool) -
     the run that took the snapshot trained without any batch fetch reaching the hook."""
     import torch
 
-    workers = trainer.args.dataloader_num_workers
-    if workers:
-        return [f"transformers' DataLoader cannot save its {workers} workers' state: "
-                "augmentation drawn in workers is seeded anew"]
     if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
         return [f"the IterableDataset {type(trainer.train_dataset).__name__} is replayed from "
                 "the start of the epoch by transformers"]
+    if trainer.args.dataloader_num_workers:
+        why = unsupported(trainer)  # None: the workers' loader is cairn's (_hf_loader)
+        return [why] if why is not None else []
     if (ledger is None or unseen) and trainer.train_dataset is not None:
         return ["cairn could not hook the train dataset's batch fetches: augmentation in the "
                 "first batches after the resume is drawn from other RNG states"]

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 MARK = "cairn.worker_rng"  # the key under which a worker's dataset state carries its RNGs
 
-__all__ = ["MARK", "diagnose", "install", "resume_iterator"]
+__all__ = ["MARK", "diagnose", "install", "is_stateful_loader", "log_if_not_exact",
+           "resume_iterator", "torchdata_available"]
 
 
 class WorkerRNG:
@@ -83,7 +84,17 @@ def _wrap(dataset: Any) -> None:
         pass  # a slotted or frozen dataset: diagnose() reports the missing worker RNGs
 
 
-def _is_stateful_loader(loader: Any) -> bool:
+def torchdata_available() -> bool:
+    """Whether torchdata's ``StatefulDataLoader`` can be imported."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return False
+    return StatefulDataLoader is not None
+
+
+def is_stateful_loader(loader: Any) -> bool:
+    """Whether ``loader`` is torchdata's ``StatefulDataLoader`` (False without torchdata)."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
@@ -95,7 +106,7 @@ def install(loader: Any) -> bool:
     """Put :class:`WorkerRNG` on a ``StatefulDataLoader`` with workers (idempotent). Returns
     whether the loader's workers will save their RNGs: False for another loader, no workers,
     or persistent workers that are already running."""
-    if not _is_stateful_loader(loader) or loader.num_workers == 0:
+    if not is_stateful_loader(loader) or loader.num_workers == 0:
         return False
     if isinstance(loader.worker_init_fn, WorkerRNG):
         return True
@@ -108,7 +119,7 @@ def install(loader: Any) -> bool:
 def resume_iterator(loader: Any) -> None:
     """Create a restored ``StatefulDataLoader``'s iterator now (its workers start, restored);
     the next ``iter(loader)`` returns it. Does nothing for other loaders or a fresh one."""
-    if _is_stateful_loader(loader) and loader.next_iter_state is not None:
+    if is_stateful_loader(loader) and loader.next_iter_state is not None:
         loader.state_dict()  # creates the iterator from next_iter_state and keeps it for iter()
 
 
@@ -131,12 +142,12 @@ def diagnose(loader: Any, state: Any) -> list[str]:
                        "comes from the worker's seeded global RNGs")
     sampler = getattr(loader, "sampler", None)
     if sampler is not None and not isinstance(sampler, SequentialSampler) \
-            and not hasattr(sampler, "state_dict") and _is_stateful_loader(loader) \
+            and not hasattr(sampler, "state_dict") and is_stateful_loader(loader) \
             and not _is_torchdata_sampler(sampler):
         reasons.append(f"the sampler {type(sampler).__name__} has no state_dict: its order is "
                        "replayed by skipping indices, exact only if iter(sampler) is "
                        "deterministic")
-    if _is_stateful_loader(loader) and loader.num_workers > 0 \
+    if is_stateful_loader(loader) and loader.num_workers > 0 \
             and not isinstance(dataset, IterableDataset) and isinstance(state, dict):
         workers = _worker_states(state)
         if workers is not None and not all(

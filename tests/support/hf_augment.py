@@ -1,6 +1,7 @@
 """A transformers Trainer run whose dataset augments from the global RNGs (run as a module).
 
-``python -m tests.support.hf_augment STORE KEY OUT --epochs E --every K [--workers W]``: the
+``python -m tests.support.hf_augment STORE KEY OUT --epochs E --every K [--workers W]
+[--persistent] [--die-after STEP]``: the
 one-layer GPT-2 of :mod:`tests.support.hf_training`, but each ``__getitem__`` replaces tokens
 at positions drawn from ``torch.randint`` with tokens drawn from ``numpy.random`` and masks one
 label drawn from Python ``random`` — the training process's global RNGs with no workers, each
@@ -33,9 +34,12 @@ class Augmented(RandomTokens):
 def main() -> int:
     parser = arguments("--epochs", default=3)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--die-after", type=int, default=None)
     args = parser.parse_args()
     seed(global_rngs=True)
-    return run(args, Augmented(), max_grad_norm=1.0, dataloader_num_workers=args.workers)
+    return run(args, Augmented(), max_grad_norm=1.0, dataloader_num_workers=args.workers,
+               dataloader_persistent_workers=args.persistent)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,17 @@ linear schedule with warmup, through :func:`cairn.integrations.huggingface.train
 ``start GLOBAL_STEP`` when training starts, ``loss STEP VALUE`` for each optimizer step
 (``logging_steps=1``), ``saved STEP`` when a snapshot is staged and ``committed STEP`` when the
 writer process reports it durable, and writes the final weights to OUT. Nothing is downloaded.
+A script that adds ``--die-after STEP`` to the arguments SIGKILLs itself once that step's
+snapshot is durable, before the next one is staged (:class:`DieAfter`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import time
 import tempfile
 from typing import Any
 
@@ -41,6 +46,27 @@ class RandomTokens(torch.utils.data.Dataset):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
+class DieAfter(TrainerCallback):
+    """SIGKILLs the run once the snapshot of step ``step`` is durable, before the CairnCallback
+    (which must come after it in ``callbacks``) stages the next one at step ``step + every``:
+    on a busy machine a kill sent when the test reads ``committed STEP`` lands later."""
+
+    def __init__(self, cairn: CairnCallback, *, step: int, every: int) -> None:
+        self.cairn = cairn
+        self.step = step
+        self.every = every
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != self.step + self.every + 1:
+            return
+        for _ in range(6000):  # the writer process commits in the background
+            if self.cairn.checkpointer.committed_step == self.step:
+                break
+            time.sleep(0.05)
+        print(f"committed {self.step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Report(TrainerCallback):
     """Prints what the test reads; must come after the CairnCallback in ``callbacks``."""
 
@@ -58,13 +84,18 @@ class Report(TrainerCallback):
             print(f"loss {state.global_step - 1} {logs['loss']!r}", flush=True)
 
 
+def tiny_gpt2() -> GPT2LMHeadModel:
+    """The one-layer GPT-2 the runs train (32 wide, a vocabulary of 64, dropout on)."""
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                        bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
 def run(args: argparse.Namespace, dataset: torch.utils.data.Dataset, **training: Any) -> int:
     """Train a fresh one-layer GPT-2 on ``dataset`` for ``args.epochs`` through cairn (with
     ``training`` added to the TrainingArguments), print ``end GLOBAL_STEP`` and write the
     weights to ``args.out``."""
-    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
-                        bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(config)
+    model = tiny_gpt2()
     cairn = CairnCallback(store=args.store, key=args.key, every_steps=args.every,
                           every_seconds=None)
     with tempfile.TemporaryDirectory() as output_dir:
@@ -73,8 +104,10 @@ def run(args: argparse.Namespace, dataset: torch.utils.data.Dataset, **training:
             learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=4, logging_steps=1,
             save_strategy="no", report_to="none", seed=1, use_cpu=True, disable_tqdm=True,
             **training)
+        die_after = getattr(args, "die_after", None)
+        die = [] if die_after is None else [DieAfter(cairn, step=die_after, every=args.every)]
         trainer = Trainer(model=model, args=hf_args, train_dataset=dataset,
-                          callbacks=[cairn, Report(cairn)])
+                          callbacks=[*die, cairn, Report(cairn)])
         result = train(trainer)
     print(f"end {result.global_step}", flush=True)
     torch.save(model.state_dict(), args.out)

@@ -135,21 +135,64 @@ def test_global_rng_augmentation_resumes_bit_identical(tmp_path: Path) -> None:
     same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
 
 
-@pytest.mark.slow
-def test_augmentation_in_workers_resumes_and_says_why_it_is_not_exact(tmp_path: Path) -> None:
-    """transformers' DataLoader cannot save its workers' RNGs: the resume works, and says in
-    one line why it is not bit-identical."""
-    pytest.importorskip("transformers")
-    def run() -> subprocess.Popen[str]:
-        return resume_runs.start("tests.support.hf_augment", str(tmp_path / "store"), KEY,
-                                 str(tmp_path / "out.pt"), "--epochs", "1", "--every", "4",
-                                 "--workers", "2")
+def start_step(lines: list[str]) -> int:
+    return int(next(line for line in lines if line.startswith("start ")).split()[1])
 
-    resume_runs.kill_after(run(), "committed 3")
-    lines = resume_runs.finish(run())
-    resumed = int(next(line for line in lines if line.startswith("start ")).split()[1])
-    assert resumed >= 4
-    assert sorted(resume_runs.losses(lines)) == list(range(resumed, BATCHES_PER_EPOCH))
-    why = [line for line in lines if "not bit-identical" in line]
-    assert len(why) == 1, lines
-    assert "cannot save its 2 workers' state" in why[0]
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
+def test_augmentation_in_workers_resumes_bit_identical(tmp_path: Path, persistent: bool) -> None:
+    """``__getitem__`` draws from each worker's torch, numpy and Python ``random``: killed after
+    the snapshot of step 5 (resumed mid-epoch, restored workers continue from their saved RNGs)
+    and again after that of step 11 (resumed at the epoch boundary: fresh workers seeded from
+    the same global RNGs, or persistent ones with their saved RNGs), the run ends as the
+    uninterrupted one."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchdata")
+    options = ["--epochs", "2", "--every", "6", "--workers", "2"] \
+        + (["--persistent"] if persistent else [])
+
+    def run(store: str, out: str, *die: str) -> subprocess.Popen[str]:
+        return resume_runs.start("tests.support.hf_augment", str(tmp_path / store), KEY,
+                                 str(tmp_path / out), *options, *die)
+
+    reference = run("ref-store", "ref.pt")
+    resume_runs.kill_after(run("store", "out.pt", "--die-after", "5"), "committed 5")
+    mid_epoch = resume_runs.kill_after(run("store", "out.pt", "--die-after", "11"), "committed 11")
+    at_boundary = resume_runs.finish(run("store", "out.pt"))
+    ref = resume_runs.losses(resume_runs.finish(reference))
+    assert sorted(ref) == list(range(2 * BATCHES_PER_EPOCH))
+    assert (start_step(mid_epoch), start_step(at_boundary)) == (6, BATCHES_PER_EPOCH)
+    for lines in (mid_epoch, at_boundary):
+        after = resume_runs.losses(lines)
+        assert after == {s: ref[s] for s in after}, "the resumed run diverged"
+        assert not [line for line in lines if "not bit-identical" in line], lines
+    assert sorted(resume_runs.losses(at_boundary)) == list(range(12, 2 * BATCHES_PER_EPOCH))
+    same_weights(tmp_path / "ref.pt", tmp_path / "out.pt")
+
+
+@pytest.mark.slow
+def test_workers_without_torchdata_say_at_the_start_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without torchdata cairn cannot save the workers' state: a fresh training says so before
+    the first step, naming the package, and trains."""
+    pytest.importorskip("transformers")
+    from transformers import Trainer, TrainingArguments
+
+    from cairn.integrations.huggingface import train as cairn_train
+    from cairn.state import loader_workers
+    from tests.support.hf_augment import Augmented
+    from tests.support.hf_training import tiny_gpt2
+
+    monkeypatch.setattr(loader_workers, "torchdata_available", lambda: False)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=True, max_steps=2,
+                             per_device_train_batch_size=8, dataloader_num_workers=2)
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=Augmented())
+    with caplog.at_level("WARNING", logger="cairn"):
+        result = cairn_train(trainer, store=str(tmp_path / "store"), key=KEY, every_steps=1)
+    assert result.global_step == 2
+    why = [r.getMessage() for r in caplog.records if "not bit-identical" in r.getMessage()]
+    assert len(why) == 1, why
+    assert why[0].startswith("a resume of this Trainer is not bit-identical")
+    assert "install torchdata" in why[0]
