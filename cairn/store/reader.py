@@ -30,56 +30,33 @@ from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
 
 MAX_READ_BYTES = 4 << 20
-# A restore reads over gaps up to this size between two chunks of a file in one pack: the
+# A restore reads over holes up to this size between two chunks of a file in one pack: the
 # newest snapshot of a key that changed in scattered places references its parents' packs with
 # holes, and one sequential read of a span (holes included) beats a random read per 32 KiB
-# chunk on a disk and a request per chunk on a bucket.
-RESTORE_MAX_GAP = 1 << 20
+# chunk on a disk and a request per chunk on a bucket. Measured on a 512 MiB process image
+# after 10% scattered page changes (4,705 chunk runs in 33 packs): 2.71 s read one run at a
+# time; 1.53 s (2,213 reads, 654 MB) with 64 KiB holes, 1.41 s with 256 KiB (362 reads, 931 MB)
+# or 1 MiB (252 reads, 988 MB): 256 KiB reads fewer extra bytes from a bucket.
+RESTORE_MAX_GAP = 256 << 10
 _OS = OsFileOps()
 
 
 @dataclass(frozen=True)
 class _Range:
-    """One ranged read: ``length`` bytes of ``pack`` at ``offset``, holding ``chunks`` (at
-    ``chunk.offset - offset`` each; with gaps between them when coalesced with a gap)."""
-
     pack: str
     offset: int
     length: int
     chunks: tuple[ChunkRef, ...]
 
-    @property
-    def payload(self) -> int:
-        """The bytes of the file this range holds (its chunks, gaps left out)."""
-        return sum(chunk.size for chunk in self.chunks)
 
-    def pieces(self) -> Iterator[tuple[int, int]]:
-        """``(start in the read buffer, length)`` of each run of adjacent chunks, in file
-        order (their bytes are consecutive in the file)."""
-        start = end = None
-        for chunk in self.chunks:
-            at = chunk.offset - self.offset
-            if end is not None and at == end:
-                end += chunk.size
-                continue
-            if start is not None and end is not None:
-                yield start, end - start
-            start, end = at, at + chunk.size
-        if start is not None and end is not None:
-            yield start, end - start
-
-
-def _coalesce(chunks: tuple[ChunkRef, ...], *, max_gap: int = 0) -> list[_Range]:
-    """Consecutive chunks of a file as ranged reads of at most MAX_READ_BYTES: a chunk joins
-    the read before it when it lies in the same pack, after it, at most ``max_gap`` bytes on."""
+def _coalesce(chunks: tuple[ChunkRef, ...]) -> list[_Range]:
     ranges: list[_Range] = []
     run: list[ChunkRef] = []
     for chunk in chunks:
         if run:
             last = run[-1]
-            gap = chunk.offset - (last.offset + last.size)
-            contiguous = chunk.pack == last.pack and 0 <= gap <= max_gap
-            if contiguous and (chunk.offset + chunk.size - run[0].offset) <= MAX_READ_BYTES:
+            contiguous = chunk.pack == last.pack and chunk.offset == last.offset + last.size
+            if contiguous and (last.offset + last.size - run[0].offset + chunk.size) <= MAX_READ_BYTES:
                 run.append(chunk)
                 continue
             ranges.append(_make_range(run))
@@ -87,6 +64,69 @@ def _coalesce(chunks: tuple[ChunkRef, ...], *, max_gap: int = 0) -> list[_Range]
     if run:
         ranges.append(_make_range(run))
     return ranges
+
+
+@dataclass(frozen=True)
+class _Span(_Range):
+    """A ranged read for a restore: ``length`` bytes of ``pack`` at ``offset`` holding
+    ``chunks`` (at ``chunk.offset - offset`` each, with gaps of other snapshots' bytes between
+    them), the i-th chunk's bytes going to ``positions[i]`` of the output."""
+
+    positions: tuple[int, ...] = ()
+
+    @property
+    def payload(self) -> int:
+        return sum(chunk.size for chunk in self.chunks)
+
+    def pieces(self) -> Iterator[tuple[int, int, int]]:
+        """``(start in the read buffer, length, output position)`` of each run of chunks
+        adjacent both in the pack and in the output."""
+        start = length = position = -1
+        for chunk, at in zip(self.chunks, self.positions):
+            here = chunk.offset - self.offset
+            if start >= 0 and here == start + length and at == position + length:
+                length += chunk.size
+                continue
+            if start >= 0:
+                yield start, length, position
+            start, length, position = here, chunk.size, at
+        if start >= 0:
+            yield start, length, position
+
+
+def _spans(chunks: Sequence[ChunkRef], *, max_gap: int = RESTORE_MAX_GAP) -> list[_Span]:
+    """The reads that fetch ``chunks`` (the i-th to land at the sum of the sizes before it):
+    grouped by pack and read in pack order, a span taking in gaps of up to ``max_gap`` bytes,
+    at most MAX_READ_BYTES long. The newest snapshot of a key that changed in scattered places
+    alternates, chunk by chunk, between its parents' packs and its own: in file order no two
+    neighbours share a pack, in pack order they lie a few holes apart."""
+    by_pack: dict[str, list[tuple[ChunkRef, int]]] = {}
+    position = 0
+    for chunk in chunks:
+        by_pack.setdefault(chunk.pack, []).append((chunk, position))
+        position += chunk.size
+    spans: list[_Span] = []
+    for pack, members in by_pack.items():  # packs in the order the output first needs them
+        members.sort(key=lambda m: m[0].offset)
+        run: list[tuple[ChunkRef, int]] = []
+        for chunk, at in members:
+            if run:
+                first, last = run[0][0], run[-1][0]
+                gap = chunk.offset - (last.offset + last.size)
+                if 0 <= gap <= max_gap and chunk.offset + chunk.size - first.offset <= MAX_READ_BYTES:
+                    run.append((chunk, at))
+                    continue
+                spans.append(_make_span(pack, run))
+            run = [(chunk, at)]
+        if run:
+            spans.append(_make_span(pack, run))
+    return spans
+
+
+def _make_span(pack: str, run: list[tuple[ChunkRef, int]]) -> _Span:
+    start = run[0][0].offset
+    end = max(chunk.offset + chunk.size for chunk, _ in run)
+    return _Span(pack, start, end - start, tuple(c for c, _ in run), tuple(at for _, at in run))
 
 
 def _take_buffer(free: list[bytearray], length: int) -> bytearray:
@@ -228,23 +268,19 @@ class SnapshotReader:
         ranged reads run on the pool, up to ``prefetch`` at once. Raises
         :class:`CorruptSnapshot` (naming the chunk) when one does not match its digest; no
         byte of a bad chunk is ever returned."""
-        ranges = _coalesce(tuple(chunks), max_gap=RESTORE_MAX_GAP)
-        out = bytearray(sum(rng.payload for rng in ranges))
+        spans = _spans(chunks)
+        out = bytearray(sum(chunk.size for chunk in chunks))
         view = memoryview(out)
         futures: list[Future[int]] = []
-        places: list[tuple[_Range, bytearray, int]] = []
-        position = 0
-        for rng in ranges:
-            buffer = bytearray(rng.length)
-            futures.append(self._pool.submit(self._fetch_verified, rng, memoryview(buffer)))
-            places.append((rng, buffer, position))
-            position += rng.payload
+        buffers: list[bytearray] = []
+        for span in spans:
+            buffers.append(bytearray(span.length))
+            futures.append(self._pool.submit(self._fetch_verified, span, memoryview(buffers[-1])))
         try:
-            for future, (rng, buffer, position) in zip(futures, places):
+            for future, span, buffer in zip(futures, spans, buffers):
                 future.result()
-                for start, length in rng.pieces():  # verified: copy the chunks, not the gaps
-                    view[position:position + length] = memoryview(buffer)[start:start + length]
-                    position += length
+                for start, length, at in span.pieces():  # verified; the chunks, not the gaps
+                    view[at:at + length] = memoryview(buffer)[start:start + length]
         finally:
             for future in futures:
                 future.cancel()
@@ -280,8 +316,10 @@ class SnapshotReader:
         restores it. Files whose manifest path is in ``exclude`` are left out (a lazy restore
         fetches them chunk by chunk, :mod:`cairn.process.lazy`).
 
-        One pipeline runs across all the files: up to ``prefetch`` ranged reads in flight,
-        each verified and written at its offset (``pwrite``) on the pool thread that read it,
+        One pipeline runs across all the files: up to ``prefetch`` ranged reads in flight (a
+        file's chunks grouped by pack, each read spanning holes of up to RESTORE_MAX_GAP),
+        each verified and its chunks written at their offsets (``pwrite``) on the pool thread
+        that read it,
         so reading, hashing and writing overlap and use every core. At most ``prefetch`` + 1
         files are open at once.
         """
@@ -318,18 +356,17 @@ class SnapshotReader:
         buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
         for _ in range(self._prefetch):
             buffers.put(bytearray(MAX_READ_BYTES))
-        pending: deque[tuple[_OpenFile, _Range, Future[int]]] = deque()
+        pending: deque[tuple[_OpenFile, _Span, Future[int]]] = deque()
 
-        def fetch_and_write(rng: _Range, out: _OpenFile, position: int) -> int:
+        def fetch_and_write(rng: _Span, out: _OpenFile) -> int:
             buffer = buffers.get()  # one is free: no more than prefetch tasks are in flight
             try:
                 # A chunk above MAX_READ_BYTES (max_chunk_bytes allows up to 256 MiB) is a
                 # range of its own, read into memory of its size.
                 view = memoryview(buffer if len(buffer) >= rng.length else bytearray(rng.length))
                 self._fetch_verified(rng, view)
-                for start, length in rng.pieces():  # the chunks, not the gaps between them
-                    pwrite_all(out.fd, view[start:start + length], position)
-                    position += length
+                for start, length, at in rng.pieces():  # the chunks, not the gaps
+                    pwrite_all(out.fd, view[start:start + length], at)
             finally:
                 buffers.put(buffer)
             return rng.length
@@ -354,17 +391,15 @@ class SnapshotReader:
                                              flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                                              mode=0o600), entry)
                 opened.append(out)
-                position = 0
-                for rng in _coalesce(entry.chunks, max_gap=RESTORE_MAX_GAP):
+                total = sum(chunk.size for chunk in entry.chunks)
+                if total != entry.size:
+                    raise CorruptSnapshot(f"{entry.path}: its chunks add up to {total} "
+                                          f"bytes, not {entry.size}", seq=self.manifest.seq)
+                for span in _spans(entry.chunks):
                     while len(pending) >= self._prefetch:
                         finish_oldest()
                     out.outstanding += 1
-                    pending.append((out, rng, self._pool.submit(fetch_and_write, rng, out,
-                                                                position)))
-                    position += rng.payload
-                if position != entry.size:
-                    raise CorruptSnapshot(f"{entry.path}: its chunks add up to {position} "
-                                          f"bytes, not {entry.size}", seq=self.manifest.seq)
+                    pending.append((out, span, self._pool.submit(fetch_and_write, span, out)))
                 out.submitted = True
                 if out.outstanding == 0:
                     out.close(durable=durable)

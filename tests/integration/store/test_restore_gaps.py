@@ -11,7 +11,7 @@ import pytest
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.store import Key, Manifest, Store
-from cairn.store.reader import RESTORE_MAX_GAP, _coalesce
+from cairn.store.reader import _coalesce, _spans
 from tests.support import tamper
 
 KEY = Key(("dag", "gaps", "run-1", "0"))
@@ -39,8 +39,11 @@ def test_a_restore_reads_over_the_holes_and_writes_only_the_chunks(store: Store,
     chunks = second.file("pages.img").chunks
     assert len({c.pack for c in chunks}) == 1, "every chunk dedups into the first pack"
     assert len(_coalesce(chunks)) == 3, "without gaps: a read per run of adjacent chunks"
-    (span,) = _coalesce(chunks, max_gap=RESTORE_MAX_GAP)
+    (span,) = _spans(chunks)
     assert span.payload == len(kept) < span.length
+    # output pieces: piece 0, pieces 2 and 3 together (adjacent in the pack and the file), 5
+    assert [(length, at) for _, length, at in span.pieces()] == [
+        (PIECE, 0), (2 * PIECE, PIECE), (PIECE, 3 * PIECE)]
     store.reader(second).restore_to(tmp_path / "out", durable=False)
     assert (tmp_path / "out" / "pages.img").read_bytes() == kept
     assert bytes(store.reader(second).read_chunks(chunks)) == kept
