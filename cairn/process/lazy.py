@@ -357,6 +357,8 @@ def _socket_pair() -> tuple[socket.socket, socket.socket]:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client = socket.create_connection(listener.getsockname())
         server, peer = listener.accept()
+        # Each reply is one page fault's wait: never held back for a fuller segment (Nagle).
+        server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if peer != client.getsockname():
             client.close()
             server.close()
