@@ -74,8 +74,9 @@ targets: ``frozen_ratio`` <= 1.2, ``consecutive_bytes_fraction`` <= 0.2,
 size). Needs root and CRIU
 (``make criu``); about 5x the largest size of free disk under ``--dir`` (default a temp dir
 under /var/tmp, removed at the end) and, for the tmpfs sides, 1.2x the largest size free in
-``/dev/shm`` (its directory there is removed at the end too). MB is 10**6 bytes. Every process the bench starts is killed (with its process group) and
-reaped before it exits, on failure too.
+``/dev/shm`` (its directory there is removed at the end too). MB is 10**6 bytes. Every
+process the bench starts is killed (with its process group) and reaped before it exits, on
+failure too.
 """
 
 from __future__ import annotations
@@ -854,6 +855,13 @@ def bench_torch(args: argparse.Namespace, criu: str, root: str, shm_root: str,
 # -- output ---------------------------------------------------------------------------------------
 
 
+def print_head(*lines: str) -> None:
+    """A table's header lines and a rule as wide as the first."""
+    for line in lines:
+        print(line)
+    print("-" * len(lines[0]))
+
+
 def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None:
     """Frozen time (CRIU's own), plain on each medium, cairn on its staging, the floor; then
     where the dump side's time goes."""
@@ -862,12 +870,10 @@ def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None
           f"{bandwidth['gbps']:.2f} GB/s memmove ({bandwidth['config']}; 1 thread "
           f"{bandwidth['single_thread_gbps']:.2f}, {bandwidth['threads']} threads "
           f"{bandwidth['all_threads_gbps']:.2f} GB/s)")
-    h = (f"{'size':<8} {'plain':>9} {'plain':>9} {'plain':>6} {'cairn':>9} {'cairn':>7} "
-         f"{'ratio':>6} | {'floor':>7} {'cairn /':>7} {'plain /':>7}")
-    print(h)
-    print(f"{'':<8} {'disk':>9} {'tmpfs':>9} {'best':>6} {'':>9} {'staging':>7} {'':>6} | "
-          f"{'ms':>7} {'floor':>7} {'floor':>7}")
-    print("-" * len(h))
+    print_head(f"{'size':<8} {'plain':>9} {'plain':>9} {'plain':>6} {'cairn':>9} {'cairn':>7} "
+               f"{'ratio':>6} | {'floor':>7} {'cairn /':>7} {'plain /':>7}",
+               f"{'':<8} {'disk':>9} {'tmpfs':>9} {'best':>6} {'':>9} {'staging':>7} {'':>6} | "
+               f"{'ms':>7} {'floor':>7} {'floor':>7}")
     for s in sizes:
         f = s["frozen_ms"]
         by = f["plain_by_medium"]
@@ -879,11 +885,9 @@ def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None
         print(f"  {s['label']}: plain CRIU baseline = criu dump to {s['plain_best']} (the faster "
               f"of {', '.join(s['plain_media'])}); cairn staging: {s['cairn_staging_reason']}")
     print()
-    h = (f"{'cairn':<8} {'freeze':>7} {'memdump':>7} {'memwrite':>8} | {'dump':>6} "
-         f"{'ingest':>6} {'hash':>6} {'rest':>6}")
-    print(h)
-    print(f"{'dump':<8} {'ms':>7} {'ms':>7} {'ms':>8} | {'s':>6} {'s':>6} {'s':>6} {'s':>6}")
-    print("-" * len(h))
+    print_head(f"{'cairn':<8} {'freeze':>7} {'memdump':>7} {'memwrite':>8} | {'dump':>6} "
+               f"{'ingest':>6} {'hash':>6} {'rest':>6}",
+               f"{'dump':<8} {'ms':>7} {'ms':>7} {'ms':>8} | {'s':>6} {'s':>6} {'s':>6} {'s':>6}")
     for s in sizes:
         b = s["breakdown"]
         print(f"{s['label']:<8} {b['cairn_freezing_ms']:>7.1f} {b['cairn_memdump_ms']:>7.1f} "
@@ -899,14 +903,12 @@ def print_restores(sizes: list[dict[str, Any]]) -> None:
     print()
     print("restore of the last snapshot, cold cache: plain = criu restore from its disk "
           "directory; eager/lazy = cairn.process.restore from the store (verified)")
-    h = (f"{'size':<8} {'plain s':>7} {'eager s':>7} {'ratio':>6} | {'fetch s':>7} "
-         f"{'criu s':>6} {'fetch':>6} {'disk':>6} | {'next step s':>11} {'next step s':>11} "
-         f"{'next step s':>11} {'lazy':>5} | {'lazy all':>8} {'ok':>3}")
-    print(h)
-    print(f"{'':<8} {'':>7} {'':>7} {'':>6} | {'eager':>7} {'eager':>6} {'MB/s':>6} "
-          f"{'MB/s':>6} | {'plain':>11} {'eager':>11} {'lazy':>11} {'/plain':>5} | "
-          f"{'in, s':>8} {'':>3}")
-    print("-" * len(h))
+    print_head(f"{'size':<8} {'plain s':>7} {'eager s':>7} {'ratio':>6} | {'fetch s':>7} "
+               f"{'criu s':>6} {'fetch':>6} {'disk':>6} | {'next step s':>11} {'next step s':>11} "
+               f"{'next step s':>11} {'lazy':>5} | {'lazy all':>8} {'ok':>3}",
+               f"{'':<8} {'':>7} {'':>7} {'':>6} | {'eager':>7} {'eager':>6} {'MB/s':>6} "
+               f"{'MB/s':>6} | {'plain':>11} {'eager':>11} {'lazy':>11} {'/plain':>5} | "
+               f"{'in, s':>8} {'':>3}")
     for s in sizes:
         r = s["restore"]
         b, n = r["breakdown"], r["next_step_s"]
@@ -933,22 +935,19 @@ def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
           f"{args.restore_runs} restore(s) per side; medians")
     print_frozen(sizes, bandwidth)
     print()
-    h = (f"{'size':<8} {'durable s':>9} "
-         f"{'durable s':>9} {'durable s':>9} {'durable s':>9}")
-    print(h)
-    print(f"{'':<8} {'plain 1st':>9} {'cairn 1st':>9} "
-          f"{'plain con':>9} {'cairn con':>9}")
-    print("-" * len(h))
+    print_head(f"{'size':<8} {'durable s':>9} "
+               f"{'durable s':>9} {'durable s':>9} {'durable s':>9}",
+               f"{'':<8} {'plain 1st':>9} {'cairn 1st':>9} "
+               f"{'plain con':>9} {'cairn con':>9}")
     for s in sizes:
         d = s["durable_s"]
         print(f"{s['label']:<8} {d['plain_first']:>9.2f} {d['cairn_first']:>9.2f} "
               f"{d['plain_consecutive']:>9.2f} {d['cairn_consecutive']:>9.2f}")
     print_restores(sizes)
     print()
-    h = (f"{'MB written':<8} {'image':>8} {'plain 1st':>9} {'cairn 1st':>9} | {'plain con':>9} "
-         f"{'cairn con':>9} {'fraction':>8} | {'scattered':>9} {'fraction':>8}")
-    print(h)
-    print("-" * len(h))
+    print_head(f"{'MB written':<8} {'image':>8} {'plain 1st':>9} {'cairn 1st':>9} | "
+               f"{'plain con':>9} {'cairn con':>9} {'fraction':>8} | {'scattered':>9} "
+               f"{'fraction':>8}")
     for s in sizes:
         b = s["bytes"]
         print(f"{s['label']:<8} {b['image_first'] / 1e6:>8.1f} {b['plain_first'] / 1e6:>9.1f} "
