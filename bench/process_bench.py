@@ -108,6 +108,7 @@ from cairn.process import staging as staging_mod
 from cairn.process import workload as workload_mod
 from cairn.process.images import PAGE_CHUNK, read_dump_stats
 from cairn.store import Key, Store, open_store
+from cairn.store import manifest as manifest_mod
 from cairn.store import writer as writer_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -446,7 +447,8 @@ class Sides:
                 "ingest_hash_s": round(hashing["s"], 4),
                 "ingest_rest_s": round(ingest_s - hashing["s"], 4),
                 "durable_s": round(durable - start, 4), "image_bytes": report.image_bytes,
-                "bytes_written": report.bytes_written, "seq": report.manifest.seq}
+                "bytes_written": report.bytes_written, "seq": report.manifest.seq,
+                "manifest_bytes": len(manifest_mod.dumps(report.manifest.to_json()))}
 
     def _pidfile(self) -> str:
         pidfile = os.path.join(self.root, "restored.pid")
@@ -766,6 +768,10 @@ def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, 
                   "image_scattered": scattered[0]["cairn"]["image_bytes"] if scattered else None,
                   "cairn_scattered": scattered[0]["cairn"]["bytes_written"] if scattered else None,
                   "changed_scattered": scattered[0]["changed_bytes"] if scattered else None},
+        # The manifest as the slot log stores it (compact JSON), per GiB of image (issue 16:
+        # at most 2 MiB per GiB is the target for a page-granular design).
+        "manifest_mib_per_gib": round(statistics.median(
+            r["cairn"]["manifest_bytes"] / r["cairn"]["image_bytes"] * 1024 for r in rounds), 3),
         "rounds": rounds,
     }
 
@@ -947,13 +953,16 @@ def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
     print()
     print_head(f"{'MB written':<8} {'image':>8} {'plain 1st':>9} {'cairn 1st':>9} | "
                f"{'plain con':>9} {'cairn con':>9} {'fraction':>8} | {'scattered':>9} "
-               f"{'fraction':>8}")
+               f"{'fraction':>8} | {'manifest':>8}",
+               f"{'':<8} {'':>8} {'':>9} {'':>9} | {'':>9} {'':>9} {'':>8} | {'':>9} "
+               f"{'':>8} | {'MiB/GiB':>8}")
     for s in sizes:
         b = s["bytes"]
         print(f"{s['label']:<8} {b['image_first'] / 1e6:>8.1f} {b['plain_first'] / 1e6:>9.1f} "
               f"{b['cairn_first'] / 1e6:>9.1f} | {b['plain_consecutive'] / 1e6:>9.1f} "
               f"{b['cairn_consecutive'] / 1e6:>9.1f} {s['consecutive_bytes_fraction']:>8.3f} | "
-              f"{b['cairn_scattered'] / 1e6:>9.1f} {s['scattered_bytes_fraction']:>8.3f}")
+              f"{b['cairn_scattered'] / 1e6:>9.1f} {s['scattered_bytes_fraction']:>8.3f} | "
+              f"{s['manifest_mib_per_gib']:>8.2f}")
     if torch_out is not None:
         t = torch_out
         print(f"{'torch':<8} {t['image_first'] / 1e6:>8.1f} {t['image_first'] / 1e6:>9.1f} "
@@ -1087,6 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
                                                for s in sizes},
         "scattered_bytes_fraction_by_size": {s["label"]: s["scattered_bytes_fraction"]
                                              for s in sizes},
+        "manifest_mib_per_gib_by_size": {s["label"]: s["manifest_mib_per_gib"] for s in sizes},
         "eager_restore_vs_plain_by_size": {s["label"]: s["restore"]["eager_vs_plain"]
                                            for s in sizes},
         "lazy_next_step_vs_plain_by_size": {s["label"]: s["restore"]["lazy_next_step_vs_plain"]

@@ -54,7 +54,8 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
                 "frozen_vs_floor", "frozen_vs_floor_by_size", "floor_ms_by_size",
                 "plain_best_by_size", "cairn_staging_by_size", "memory_bandwidth",
                 "eager_restore_vs_plain_by_size", "lazy_next_step_vs_plain_by_size",
-                "restore_fetch_mbps_by_size", "raw_disk_mbps_by_size"):
+                "restore_fetch_mbps_by_size", "raw_disk_mbps_by_size",
+                "manifest_mib_per_gib_by_size"):
         assert key in summary, key
     assert set(summary["targets"]) == {"frozen_ratio", "consecutive_bytes_fraction",
                                        "eager_restore_vs_plain", "lazy_next_step_vs_plain"}
@@ -72,6 +73,9 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     assert size["size_bytes"] == 64 << 20
     assert size["restore_verified"] is True
     assert size["restores_checked"] == 3  # plain, eager and lazy, each checksummed
+    # 32 KiB page chunks: about 128 bytes of manifest per chunk, so a few MiB per GiB.
+    manifest = size["manifest_mib_per_gib"]
+    assert 0.5 < manifest == summary["manifest_mib_per_gib_by_size"]["64 MiB"] < 16
     restore = size["restore"]
     (run,) = restore["runs"]
     assert set(run) == {"plain", "eager", "lazy"} and all(r["verified"] for r in run.values())
