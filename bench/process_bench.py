@@ -483,9 +483,8 @@ class Sides:
                       ) -> tuple[int, dict[str, Any], restore_mod.Restored]:
         """What ``cairn run --restore MODE`` does: the scratch copy where the staging policy
         puts a copy plus the restored process (memory when the headroom covers both)."""
-        image = int(self.manifest.metadata["user"]["process"]["image_bytes"])
-        choice = staging_mod.choose_staging(
-            staging_mod.StagingMedium.AUTO, image_bytes=2 * image,
+        choice = restore_mod.scratch_choice(
+            staging_mod.StagingMedium.AUTO, self.manifest,
             memory_dir=os.path.join(self.shm, "restore"),
             disk_dir=os.path.join(self.root, "restore"))
         os.makedirs(choice.parent, exist_ok=True)

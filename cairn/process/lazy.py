@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from cairn.exceptions import CorruptSnapshot, CriuFailed
 from cairn.process import criu as criu_mod
 from cairn.process.images import PAGE_SIZE, PE_LAZY, read_pagemap
+from cairn.process.snapshot import IMAGES
 from cairn.store import Manifest, Store
 from cairn.store.fileops import pwrite_all
 from cairn.store.manifest import ChunkRef
@@ -66,10 +67,6 @@ DAEMON_START_S = 30.0
 # each), so reading and hashing overlap on every core while a fault's own fetch goes first.
 FILL_STEP_BYTES = 4 << 20
 FILL_THREADS = 3
-
-
-def images_path(name: str) -> str:
-    return f"images/{name}"
 
 
 @dataclass(frozen=True)
@@ -142,8 +139,7 @@ class _ChunkFile:
     """One pages image of the snapshot, fetched into ``path`` chunk by chunk. ``state`` is
     guarded by the owning :class:`PageSource`'s condition."""
 
-    def __init__(self, name: str, path: str, chunks: Sequence[ChunkRef]) -> None:
-        self.name = name
+    def __init__(self, path: str, chunks: Sequence[ChunkRef]) -> None:
         self.chunks = tuple(chunks)
         self.offsets: list[int] = []
         position = 0
@@ -179,8 +175,8 @@ class PageSource:
         self._failure: BaseException | None = None
         self.bytes_fetched = 0
         for name in names:
-            entry = manifest.file(images_path(name))
-            self._files[name] = _ChunkFile(name, os.path.join(image_dir, name), entry.chunks)
+            entry = manifest.file(f"{IMAGES}/{name}")
+            self._files[name] = _ChunkFile(os.path.join(image_dir, name), entry.chunks)
         self._cursor = [(name, 0) for name in names]  # where the background goes on
 
     def _claim(self, file: _ChunkFile, indices: range) -> list[tuple[int, int]]:
@@ -535,9 +531,10 @@ class LazyRestore:
 
 def pages_names(manifest: Manifest) -> list[str]:
     """The pages images of a process snapshot (what a lazy restore fetches on demand)."""
+    prefix = f"{IMAGES}/"
     out = []
     for entry in manifest.files:
-        name = entry.path[len("images/"):] if entry.path.startswith("images/") else None
-        if name and name.startswith("pages-") and name.endswith(".img") and "/" not in name:
+        name = entry.path[len(prefix):] if entry.path.startswith(prefix) else ""
+        if name.startswith("pages-") and name.endswith(".img") and "/" not in name:
             out.append(name)
     return out

@@ -23,11 +23,12 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cairn.process import criu as criu_mod
 from cairn.process import lazy as lazy_mod
 from cairn.process import snapshot as snap_mod
+from cairn.process import staging as staging_mod
 from cairn.runtime.choices import coerce_option
 from cairn.store import Manifest, Store
 
@@ -44,6 +45,15 @@ class RestoreMode(str, enum.Enum):
     def parse(cls, value: object, *, source: str = "--restore") -> RestoreMode:
         """``value`` (a member or its text) as a member; ConfigError naming the choices."""
         return coerce_option(cls, value, source)  # type: ignore[no-any-return]
+
+
+def scratch_choice(policy: staging_mod.StagingMedium, manifest: Manifest, *, memory_dir: str,
+                   disk_dir: str) -> staging_mod.StagingChoice:
+    """Where a restore of ``manifest`` puts its scratch copy: where the staging policy would
+    put an image of the copy and the restored process together (twice the image)."""
+    image = int(snap_mod.process_info(manifest).get("image_bytes") or 0)
+    return staging_mod.choose_staging(policy, image_bytes=2 * image or None,
+                                      memory_dir=memory_dir, disk_dir=disk_dir)
 
 
 def lazy_unsafe(manifest: Manifest, *, uffd_ok: bool) -> str | None:
@@ -70,7 +80,6 @@ class Restored:
     fetch_s: float
     criu_s: float
     lazy: lazy_mod.LazyRestore | None = None
-    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -436,22 +436,31 @@ class Supervisor:
         """Where a restore's scratch copy goes: where the staging policy
         (``RunSettings.staging``) would put an image of the copy and the restored process
         together."""
-        image = int(snap_mod.process_info(manifest).get("image_bytes") or 0)
-        choice = staging_mod.choose_staging(self.settings.staging, image_bytes=2 * image or None,
+        choice = restore_mod.scratch_choice(self.settings.staging, manifest,
                                             memory_dir=self._memory_staging,
                                             disk_dir=self.staging)
-        parent = choice.parent
-        if parent == self._memory_staging and not self._memory_ready:
+        choice = self._usable(choice, strict=False, instead="restoring through the disk instead")
+        log.info("restore scratch at %s (%s; the copy and the restored process)", choice.parent,
+                 choice.reason)
+        return choice.parent
+
+    def _usable(self, choice: staging_mod.StagingChoice, *, strict: bool,
+                instead: str) -> staging_mod.StagingChoice:
+        """``choice`` with its parent made: the memory directory is prepared once per run (a
+        killed run's leftovers go); where it cannot be, the disk instead (logged with
+        ``instead``), or, when ``strict``, the ConfigError."""
+        if choice.parent == self._memory_staging and not self._memory_ready:
             try:
-                staging_mod.prepare_private_dir(parent)
+                staging_mod.prepare_private_dir(choice.parent)
                 self._memory_ready = True
             except ConfigError as e:
-                log.warning("%s; restoring through the disk instead", e)
-                parent = self.staging
-        log.info("restore scratch at %s (%s; the copy and the restored process)", parent,
-                 choice.reason)
-        os.makedirs(parent, exist_ok=True)
-        return parent
+                if strict:
+                    raise
+                log.warning("%s; %s", e, instead)
+                choice = dataclasses.replace(choice, parent=self.staging,
+                                             medium=staging_mod.StagingMedium.DISK)
+        os.makedirs(choice.parent, exist_ok=True)
+        return choice
 
     def _prepare_restore(self, image_dir: str) -> Callable[[], None]:
         """What a restore needs besides its images; returns what undoes it."""
@@ -624,18 +633,9 @@ class Supervisor:
         log.log(level, "staging the dump %s at %s (%s)",
                 "in memory" if choice.medium is staging_mod.StagingMedium.MEMORY else "on disk",
                 choice.parent, choice.reason)
-        if choice.parent == self._memory_staging and not self._memory_ready:
-            try:
-                staging_mod.prepare_private_dir(choice.parent)  # a killed run's leftovers go
-                self._memory_ready = True
-            except ConfigError as e:
-                if self.settings.staging is not staging_mod.StagingMedium.AUTO:
-                    raise
-                log.warning("%s; staging on disk instead", e)
-                choice = dataclasses.replace(choice, parent=self.staging,
-                                             medium=staging_mod.StagingMedium.DISK)
+        choice = self._usable(choice, strict=self.settings.staging is not
+                              staging_mod.StagingMedium.AUTO, instead="staging on disk instead")
         self._staging_medium = choice.medium
-        os.makedirs(choice.parent, exist_ok=True)
         image_dir = os.path.join(choice.parent, f"dump-{int(time.time() * 1000)}")
         os.mkdir(image_dir, 0o700)
         return image_dir
