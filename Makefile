@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu test test-fast test-airflow test-kfp demo demo-ui demo-store bench clean
+.PHONY: all venv criu fakecuda test test-fast test-airflow test-kfp demo demo-ui demo-store bench clean
 
 all: test
 
@@ -36,6 +36,18 @@ criu: $(CRIU_STAMP)
 TOOLS_STAMP := .cache/test-tools.installed
 $(TOOLS_STAMP): scripts/install_test_tools.sh
 	bash scripts/install_test_tools.sh && mkdir -p $(@D) && touch $@
+
+## make fakecuda: the FAKE NVIDIA driver (libcuda checkpoint calls + NVML) the GPU tests load
+## through CAIRN_CUDA_LIBRARY / CAIRN_NVML_LIBRARY, so the real ctypes path runs without a GPU
+FAKECUDA := .cache/fakecuda/libfakecuda.so
+$(FAKECUDA): native/fakecuda/fakecuda.c | $(TOOLS_STAMP)
+	@if command -v gcc >/dev/null; then \
+		mkdir -p $(@D) && gcc -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $<; \
+	else \
+		echo "make: no gcc: the fake-driver tests will skip"; \
+	fi
+
+fakecuda: $(FAKECUDA)
 
 ## The Airflow provider (providers/cairn_airflow) is tested in its own environment, so that an
 ## Airflow pin never moves a package under the main suite. constraints.txt pins what resolved
@@ -77,7 +89,7 @@ $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constr
 	touch $(KFP_STAMP)
 
 ## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(CHROMIUM_STAMP) $(AF_STAMP) $(KFP_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(AF_STAMP) $(KFP_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
@@ -91,7 +103,7 @@ test-airflow: $(CHROMIUM_STAMP) $(AF_STAMP)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-fast: skip the tests marked slow
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(FAKECUDA)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## make demo: the cooperative training DAG on a local Airflow (LocalExecutor, SQLite, local

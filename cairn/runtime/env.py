@@ -79,12 +79,23 @@ TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "more directories (os.pathsep-separated) 
                   "process snapshot may track and a restore may write, besides the working "
                   "directory and cairn's log directory", "the user (an operator's env= too)",
                   "process mode (dump and restore)")
+CUDA_LIBRARY = Var("CAIRN_CUDA_LIBRARY", "the CUDA driver library process mode loads for the "
+                   "checkpoint calls (a path or a name `dlopen` finds); tests point it at the "
+                   "fake driver `make fakecuda` builds", "the user, tests", "process mode",
+                   default="libcuda.so.1")
+NVML_LIBRARY = Var("CAIRN_NVML_LIBRARY", "the NVML library the GPU inventory loads through "
+                   "pynvml (`nvidia-smi` is the fallback)", "the user, tests",
+                   "process mode, `cairn doctor`", default="libnvidia-ml.so.1")
+GPU_MAP = Var("CAIRN_GPU_MAP", "restore a GPU snapshot onto these GPUs: "
+              "`OLD_UUID=NEW_UUID,...` (else same model, in visible-device order; driver >= 580)",
+              "the user", "process mode (restore)")
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
                         STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
-                        PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, KFP_DRY_RUN)
+                        PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, CUDA_LIBRARY,
+                        NVML_LIBRARY, GPU_MAP, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
 
