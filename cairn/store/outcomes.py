@@ -50,6 +50,7 @@ class OutcomeKind(str, enum.Enum):
     EVICTED = "evicted"        # node drained: maintenance, upgrade, scale-down
     FENCED = "fenced"          # a newer try took the key over
     KILLED = "killed"          # stopped by a person or a timeout
+    SUSPENDED = "suspended"    # stopped on request with a final snapshot, to resume later
 
     @property
     def interrupted(self) -> bool:

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +57,21 @@ from cairn.store.outcomes import (
     tries_from_records,
 )
 from cairn.store.reader import SnapshotReader
+from cairn.store.requests import (
+    Request,
+    RequestKind,
+    Suspension,
+    decode_request,
+    default_requester,
+    encode_request,
+    parse_request_name,
+    request_name,
+    request_time,
+    requests_prefix,
+    resume_target,
+    suspend_target,
+    suspension,
+)
 from cairn.store.slotlog import (
     AttemptLog,
     Record,
@@ -249,18 +264,94 @@ class Store:
     def outcomes(self, key: Key) -> list[Outcome]:
         """Every readable outcome record of ``key``, oldest epoch first; unreadable or
         unknown-schema records are skipped with a warning."""
+        def decoder(name: str) -> Callable[[bytes], Outcome] | None:
+            epoch = epoch_from_name(name)
+            if epoch is None or name != outcome_name(key.path, epoch):
+                return None
+            return lambda data: decode_outcome(data, epoch=epoch)
+
+        return self._beside_log(key, outcomes_prefix(key.path), decoder, "outcome")
+
+    def _beside_log(self, key: Key, prefix: str, decoder: Callable[[str], Any],
+                    what: str) -> list[Any]:
+        """The readable records under ``prefix`` in listing order: ``decoder(name)`` parses
+        one's bytes (raising ValueError), or is None for a name that is not a record's."""
         out = []
-        for info in self.backend.list(outcomes_prefix(key.path)):
-            epoch = epoch_from_name(info.name)
-            if epoch is None or info.name != outcome_name(key.path, epoch):
+        for info in self.backend.list(prefix):
+            decode = decoder(info.name)
+            if decode is None:
                 continue
             try:
-                out.append(decode_outcome(self.backend.read(info.name), epoch=epoch))
+                out.append(decode(self.backend.read(info.name)))
             except NotFound:
                 continue
             except ValueError as e:
-                log.warning("key %s: skipping outcome record %s: %s", key, info.name, e)
+                log.warning("key %s: skipping %s record %s: %s", key, what, info.name, e)
         return out
+
+    # -- suspend and resume requests (cairn.store.requests): an operator's asks --------------
+
+    def requests(self, key: Key) -> list[Request]:
+        """Every readable request record of ``key``, by epoch (a suspend before its resume)."""
+        def decoder(name: str) -> Callable[[bytes], Request] | None:
+            parsed = parse_request_name(key.path, name)
+            if parsed is None:
+                return None
+            return lambda data: decode_request(data, kind=parsed[0], epoch=parsed[1])
+
+        found = self._beside_log(key, requests_prefix(key.path), decoder, "request")
+        return sorted(found, key=lambda r: (r.epoch, r.kind is RequestKind.RESUME))
+
+    def suspension(self, key: Key) -> Suspension | None:
+        """``key``'s suspension that still matters (see :func:`cairn.store.requests.suspension`);
+        one listing when the key has no requests."""
+        asked = self.requests(key)
+        return suspension(asked, self.tries(key), self.outcomes(key)) if asked else None
+
+    def request_suspend(self, key: Key, *, by: str | None = None,
+                        reason: str | None = None) -> Request:
+        """Ask ``key``'s running try to take a final snapshot and stop; durable when it
+        returns. Asking again returns the first request unchanged. Raises NotFound for an
+        unknown key, ConfigError for one that is done or not running (nothing is written)."""
+        epoch, made = suspend_target(key, self.requests(key), self.tries(key), self.outcomes(key))
+        return made or self._create_request(key, Request(
+            RequestKind.SUSPEND, epoch, by or default_requester(), request_time(), reason))
+
+    def request_resume(self, key: Key, *, by: str | None = None, reason: str | None = None,
+                       placement: str | None = None) -> Request:
+        """Lift ``key``'s suspension: its next try may start, and resumes from the suspend
+        snapshot; durable when it returns. Asking again returns the first request. Raises
+        ConfigError when ``key`` is not suspended (nothing is written)."""
+        epoch, made = resume_target(key, self.requests(key), self.tries(key), self.outcomes(key),
+                                    placement=placement)
+        return made or self._create_request(key, Request(
+            RequestKind.RESUME, epoch, by or default_requester(), request_time(), reason,
+            placement))
+
+    def pending_suspend(self, key: Key, *, epoch: int) -> Request | None:
+        """The suspend request try ``epoch`` must honour, None when there is none or it was
+        resumed meanwhile: what a running try polls (one or two reads, no listing)."""
+        ask = self._read_request(key, RequestKind.SUSPEND, epoch)
+        return ask if ask is not None and self._read_request(
+            key, RequestKind.RESUME, epoch) is None else None
+
+    def _read_request(self, key: Key, kind: RequestKind, epoch: int) -> Request | None:
+        name = request_name(key.path, kind, epoch)
+        try:
+            return decode_request(self.backend.read(name), kind=kind, epoch=epoch)
+        except NotFound:
+            return None
+        except ValueError as e:
+            log.warning("key %s: skipping request record %s: %s", key, name, e)
+            return None
+
+    def _create_request(self, key: Key, request: Request) -> Request:
+        try:
+            self.backend.create(request_name(key.path, request.kind, request.epoch),
+                                encode_request(request, key=key.components))
+            return request
+        except AlreadyExists:  # asked at the same moment by someone else: theirs stands
+            return self._read_request(key, request.kind, request.epoch) or request
 
     def tries(self, key: Key) -> list[TryLog]:
         """Each try (epoch) as the slot log records it: opened, snapshots kept, done."""
