@@ -154,30 +154,48 @@ def read_pagemap(path: str | os.PathLike[str]) -> tuple[int, list[PageRun]]:
 PAGE_CHUNK = 32 << 10
 
 
+def _chunk_starts(runs: list[PageRun], every: int) -> Iterator[tuple[int, int]]:
+    offset = 0
+    for run in runs:
+        if not run.present:
+            continue
+        yield offset, run.vaddr
+        length = run.nr_pages * PAGE_SIZE
+        first = -run.vaddr % every or every
+        for at in range(offset + first, offset + length, every):
+            yield at, run.vaddr + (at - offset)
+        offset += length
+
+
 def page_cuts(runs: list[PageRun], *, every: int = PAGE_CHUNK) -> list[int]:
     """Offsets in the pages image where chunks must begin: where each present run begins and
     wherever its virtual address crosses a multiple of ``every``. Chunks then stay identical
     from one dump to the next when other regions grow, shrink or move, and pages that COW
     children share with their parent dedup against each other."""
-    cuts, offset = [], 0
-    for run in runs:
-        if not run.present:
-            continue
-        cuts.append(offset)
-        length = run.nr_pages * PAGE_SIZE
-        first = -run.vaddr % every or every
-        cuts.extend(range(offset + first, offset + length, every))
-        offset += length
-    return cuts
+    return [offset for offset, _ in _chunk_starts(runs, every)]
+
+
+def cut_addresses(runs: list[PageRun], *, every: int = PAGE_CHUNK) -> list[int]:
+    """The virtual address at each of :func:`page_cuts`' offsets: where the chunk starting
+    there sits in the process, which stays true across dumps (the store's delta locator)."""
+    return [vaddr for _, vaddr in _chunk_starts(runs, every)]
 
 
 def pages_cuts_by_file(image_dir: str | os.PathLike[str]) -> dict[str, list[int]]:
     """For every ``pages-<id>.img`` in ``image_dir``, its cut offsets (from its pagemap)."""
-    out: dict[str, list[int]] = {}
+    return {name: cuts for name, (cuts, _) in pages_layout_by_file(image_dir).items()}
+
+
+def pages_layout_by_file(image_dir: str | os.PathLike[str]
+                         ) -> dict[str, tuple[list[int], list[int]]]:
+    """For every ``pages-<id>.img`` in ``image_dir``, its cut offsets and the virtual address
+    at each (from its pagemap)."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
     for name in sorted(os.listdir(image_dir)):
         if name.startswith("pagemap-") and name.endswith(".img"):
             pages_id, runs = read_pagemap(os.path.join(image_dir, name))
-            out[f"pages-{pages_id}.img"] = page_cuts(runs)
+            starts = list(_chunk_starts(runs, PAGE_CHUNK))
+            out[f"pages-{pages_id}.img"] = ([o for o, _ in starts], [v for _, v in starts])
     return out
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from cairn.exceptions import CorruptSnapshot, NotSnapshottable, UnsafePath
 from cairn.process import criu as criu_mod
-from cairn.process.images import RegFile, pages_cuts_by_file, read_dump_stats, read_reg_files
+from cairn.process.images import RegFile, pages_layout_by_file, read_dump_stats, read_reg_files
 from cairn.store import Manifest, SnapshotMode, Store
 from cairn.store.confined import normalize_roots, open_beneath, split_under
 from cairn.runtime.env import TRACK_ROOTS
@@ -159,7 +159,7 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
     if len(sources) != len(tracked):
         raise ValueError("give one source per tracked file")
     stats = read_dump_stats(image_dir)
-    cuts = pages_cuts_by_file(image_dir)
+    layout = pages_layout_by_file(image_dir)
     image_bytes = 0
     with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
         for name in sorted(os.listdir(image_dir)):
@@ -167,7 +167,10 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
             if name == criu_mod.DUMP_LOG or not os.path.isfile(path):
                 continue
             image_bytes += os.path.getsize(path)
-            snap.add_file(f"{IMAGES}/{name}", path, cuts=cuts.get(name, ()))
+            cuts, addresses = layout.get(name, ([], None))
+            # Page chunks are located by virtual address, so a chunk that changed in a few
+            # pages is stored as a delta of the last dump's chunk at the same address.
+            snap.add_file(f"{IMAGES}/{name}", path, cuts=cuts, locators=addresses)
         for index, (item, source) in enumerate(zip(tracked, sources)):
             with open(source, "rb") as f:
                 snap.add_stream(f"{FILES}/{index}", f, size=item.size)

@@ -1,17 +1,22 @@
 """Manifests: what one snapshot holds, as versioned JSON. Parsing validates everything.
 
-A manifest lists files, each as an ordered list of chunk references. A chunk reference says
-where the bytes live (``pack`` object and ``offset``), how many (``size``) and what they must
-hash to (``digest``). Nothing in a manifest is ever executed or unpickled.
+A manifest lists files, each as an ordered list of chunk references
+(:class:`~cairn.store.chunktable.ChunkRef`): where the bytes live (``pack`` object and
+``offset``, and for a delta chunk its base's), how many (``size``) and what they must hash to
+(``digest``). Nothing in a manifest is ever executed or unpickled.
 
-Schema ``cairn.manifest/1``::
+Schema ``cairn.manifest/2`` (written since issue 16; ADR 0022) lists the packs once and each
+file's chunks as a dense binary table (:mod:`cairn.store.chunktable`), base64::
 
-    {"schema": "cairn.manifest/1", "key": [...], "seq": 7, "epoch": 5, "parent": 6,
+    {"schema": "cairn.manifest/2", "key": [...], "seq": 7, "epoch": 5, "parent": 6,
      "created_at": "2026-11-29T15:00:00.000000Z", "mode": "files",
-     "files": [{"path": "a/b.bin", "size": 3, "mode": 420,
-                "chunks": [["<blake3 hex>", 3, "packs/ab/<id>", 0]]}],
+     "packs": ["packs/ab/<id>", ...],
+     "files": [{"path": "a/b.bin", "size": 3, "mode": 420, "chunks": "<base64 table>"}],
      "metadata": {"step": 100, "bytes_logical": 3, "bytes_written": 3,
                   "producer": {...}, "compat": {...}, "user": {...}}}
+
+Schema ``cairn.manifest/1`` (still read) had no ``packs`` and each chunk as
+``["<blake3 hex>", size, "packs/ab/<id>", offset]``.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cairn.exceptions import CorruptSnapshot
+from cairn.store import chunktable
+from cairn.store.chunktable import ChunkRef
 from cairn.store.hashing import is_digest
 
-MANIFEST_SCHEMA = "cairn.manifest/1"
+MANIFEST_SCHEMA = "cairn.manifest/2"
+MANIFEST_SCHEMA_V1 = "cairn.manifest/1"
 # Far beyond any real snapshot; a manifest claiming more is garbage, not a big snapshot.
 MAX_FILE_BYTES = 1 << 50
 MAX_CHUNK_BYTES = 1 << 32
@@ -41,28 +49,17 @@ class SnapshotMode(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ChunkRef:
-    digest: str
-    size: int
-    pack: str
-    offset: int
-
-    def to_json(self) -> list[Any]:
-        return [self.digest, self.size, self.pack, self.offset]
-
-
-@dataclass(frozen=True)
 class FileEntry:
     path: str
     size: int
     chunks: tuple[ChunkRef, ...]
     mode: int | None = None  # as recorded; a restore applies ``mode & 0o777`` only
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, pack_index: dict[str, int]) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "size": self.size}
         if self.mode is not None:
             out["mode"] = self.mode
-        out["chunks"] = [c.to_json() for c in self.chunks]
+        out["chunks"] = chunktable.encode(self.chunks, pack_index)
         return out
 
 
@@ -100,7 +97,11 @@ class Manifest:
             yield from entry.chunks
 
     def packs(self) -> set[str]:
-        return {c.pack for c in self.chunk_refs()}
+        """Every pack a restore of this snapshot reads (deltas' bases included)."""
+        out: set[str] = set()
+        for chunk in self.chunk_refs():
+            out.update(chunk.packs())
+        return out
 
     def file(self, path: str) -> FileEntry:
         for entry in self.files:
@@ -109,6 +110,8 @@ class Manifest:
         raise KeyError(path)
 
     def to_json(self) -> dict[str, Any]:
+        packs = sorted(self.packs())
+        index = {name: i for i, name in enumerate(packs)}
         return {
             "schema": MANIFEST_SCHEMA,
             "key": list(self.key),
@@ -117,7 +120,8 @@ class Manifest:
             "parent": self.parent,
             "created_at": self.created_at,
             "mode": self.mode.value,
-            "files": [f.to_json() for f in self.files],
+            "packs": packs,
+            "files": [f.to_json(index) for f in self.files],
             "metadata": self.metadata,
         }
 
@@ -161,11 +165,18 @@ def _parse(doc: object) -> Manifest:
     _expect(isinstance(doc, dict), "manifest is not a JSON object")
     assert isinstance(doc, dict)
     schema = doc.get("schema")
-    if schema != MANIFEST_SCHEMA:
+    if schema not in (MANIFEST_SCHEMA, MANIFEST_SCHEMA_V1):
         raise ValueError(
-            f"unknown manifest schema {schema!r} (this cairn reads {MANIFEST_SCHEMA}); "
-            "it was written by a newer cairn: upgrade cairn to read it"
+            f"unknown manifest schema {schema!r} (this cairn reads {MANIFEST_SCHEMA_V1} and "
+            f"{MANIFEST_SCHEMA}); it was written by a newer cairn: upgrade cairn to read it"
         )
+    packs: list[str] = []
+    if schema == MANIFEST_SCHEMA:
+        packs = doc["packs"]
+        _expect(isinstance(packs, list), "packs is not a list")
+        for pack in packs:
+            if not _good_pack(pack):
+                raise ValueError(f"the manifest names a bad pack {pack!r}")
     key = doc["key"]
     _expect(isinstance(key, list) and key and all(isinstance(c, str) for c in key), "key is invalid")
     parent = doc.get("parent")
@@ -186,26 +197,11 @@ def _parse(doc: object) -> Manifest:
             # Recorded as the writer saw it (a snapshot of a setuid file stays readable);
             # every restore applies only the 0o777 bits (cairn.store.confined.masked_mode).
             mode = _int(mode, f"mode of {path}", hi=0o7777)
-        chunks = []
-        total = 0
-        raw_chunks = raw["chunks"]
-        _expect(isinstance(raw_chunks, list), f"chunks of {path} is not a list")
-        for c in raw_chunks:
-            # Hot loop (a 2 GiB process image has 65k chunks): test first, format messages
-            # only for the chunk that fails.
-            if not (isinstance(c, list) and len(c) == 4):
-                raise ValueError(f"a chunk of {path} is malformed")
-            digest, csize, pack, offset = c
-            if not is_digest(digest):
-                raise ValueError(f"a chunk of {path} has a bad digest {digest!r}")
-            if not (type(csize) is int and 0 <= csize <= MAX_CHUNK_BYTES):
-                _int(csize, f"chunk size in {path}", hi=MAX_CHUNK_BYTES)
-            if not (type(pack) is str and pack.startswith("packs/") and ".." not in pack):
-                raise ValueError(f"a chunk of {path} names a bad pack {pack!r}")
-            if not (type(offset) is int and 0 <= offset <= MAX_FILE_BYTES):
-                _int(offset, f"chunk offset in {path}")
-            chunks.append(ChunkRef(digest, csize, pack, offset))
-            total += csize
+        if schema == MANIFEST_SCHEMA:
+            chunks = _table_chunks(raw["chunks"], packs, path)
+        else:
+            chunks = _v1_chunks(raw["chunks"], path)
+        total = sum(chunk.size for chunk in chunks)
         _expect(total == size, f"chunks of {path} add up to {total} bytes, not {size}")
         files.append(FileEntry(path, size, tuple(chunks), mode))
     metadata = doc.get("metadata", {})
@@ -220,6 +216,42 @@ def _parse(doc: object) -> Manifest:
         files=tuple(files),
         metadata=metadata,
     )
+
+
+def _good_pack(pack: object) -> bool:
+    return type(pack) is str and pack.startswith("packs/") and ".." not in pack
+
+
+def _table_chunks(text: object, packs: list[str], path: str) -> list[ChunkRef]:
+    try:
+        rows = chunktable.decode(text, packs=len(packs), max_size=MAX_CHUNK_BYTES,
+                                 max_offset=MAX_FILE_BYTES)
+    except chunktable.TableError as e:
+        raise ValueError(f"chunks of {path}: {e}") from None
+    return [ChunkRef(digest, size, packs[pack], offset) if base < 0 else
+            ChunkRef(digest, size, packs[pack], offset, packs[base], base_offset, mask)
+            for digest, size, pack, offset, base, base_offset, mask in rows]
+
+
+def _v1_chunks(raw_chunks: object, path: str) -> list[ChunkRef]:
+    _expect(isinstance(raw_chunks, list), f"chunks of {path} is not a list")
+    assert isinstance(raw_chunks, list)
+    chunks = []
+    for c in raw_chunks:
+        # Hot loop: test first, format messages only for the chunk that fails.
+        if not (isinstance(c, list) and len(c) == 4):
+            raise ValueError(f"a chunk of {path} is malformed")
+        digest, csize, pack, offset = c
+        if not is_digest(digest):
+            raise ValueError(f"a chunk of {path} has a bad digest {digest!r}")
+        if not (type(csize) is int and 0 <= csize <= MAX_CHUNK_BYTES):
+            _int(csize, f"chunk size in {path}", hi=MAX_CHUNK_BYTES)
+        if not _good_pack(pack):
+            raise ValueError(f"a chunk of {path} names a bad pack {pack!r}")
+        if not (type(offset) is int and 0 <= offset <= MAX_FILE_BYTES):
+            _int(offset, f"chunk offset in {path}")
+        chunks.append(ChunkRef(digest, csize, pack, offset))
+    return chunks
 
 
 def dumps(doc: dict[str, Any]) -> bytes:

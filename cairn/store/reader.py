@@ -26,6 +26,7 @@ from typing import Any
 from cairn.exceptions import ConfigError, CorruptSnapshot, NotFound
 from cairn.store.aligned import DIRECT_IO_ALIGN, aligned_buffer
 from cairn.store.backend import Backend
+from cairn.store import delta
 from cairn.store.confined import masked_mode, open_beneath
 from cairn.store.fileops import OsFileOps, pwrite_all
 from cairn.store.hashing import digest as compute_digest
@@ -44,17 +45,36 @@ _OS = OsFileOps()
 
 
 @dataclass(frozen=True)
+class _Part:
+    """``size`` stored bytes of ``pack`` at ``offset``. ``digest`` is checked when the part is
+    read; it is empty for a piece of a delta chunk, which is checked once assembled."""
+
+    digest: str
+    size: int
+    pack: str
+    offset: int
+    chunk: ChunkRef | None = None  # the delta chunk whose pages these are
+
+
+@dataclass(frozen=True)
 class _Range:
     pack: str
     offset: int
     length: int
-    chunks: tuple[ChunkRef, ...]
+    chunks: tuple[ChunkRef | _Part, ...]
+    assemble: bool = False  # one delta chunk, read from its two extents and then checked
 
 
 def _coalesce(chunks: tuple[ChunkRef, ...]) -> list[_Range]:
     ranges: list[_Range] = []
     run: list[ChunkRef] = []
     for chunk in chunks:
+        if chunk.is_delta:
+            if run:
+                ranges.append(_make_range(run))
+                run = []
+            ranges.append(_Range(chunk.pack, chunk.offset, chunk.size, (chunk,), assemble=True))
+            continue
         if run:
             last = run[-1]
             contiguous = chunk.pack == last.pack and chunk.offset == last.offset + last.size
@@ -96,42 +116,73 @@ class _Span(_Range):
             yield start, length, position
 
 
-def _spans(chunks: Sequence[ChunkRef], *, max_gap: int = RESTORE_MAX_GAP) -> list[_Span]:
-    """The reads that fetch ``chunks`` (the i-th to land at the sum of the sizes before it):
-    grouped by pack and read in pack order, a span taking in gaps of up to ``max_gap`` bytes,
-    at most MAX_READ_BYTES long. The newest snapshot of a key that changed in scattered places
+def _spans(parts: Sequence[tuple[_Part, int]], *, max_gap: int = RESTORE_MAX_GAP) -> list[_Span]:
+    """The reads that fetch ``parts``, each to land at its position in the output: grouped by
+    pack and read in pack order, a span taking in gaps of up to ``max_gap`` bytes, at most
+    MAX_READ_BYTES long. The newest snapshot of a key that changed in scattered places
     alternates, chunk by chunk, between its parents' packs and its own: in file order no two
     neighbours share a pack, in pack order they lie a few holes apart."""
-    by_pack: dict[str, list[tuple[ChunkRef, int]]] = {}
-    position = 0
-    for chunk in chunks:
-        by_pack.setdefault(chunk.pack, []).append((chunk, position))
-        position += chunk.size
+    by_pack: dict[str, list[tuple[_Part, int]]] = {}
+    for part, position in parts:
+        by_pack.setdefault(part.pack, []).append((part, position))
     spans: list[_Span] = []
     for pack, members in by_pack.items():  # packs in the order the output first needs them
         members.sort(key=lambda m: m[0].offset)
-        run: list[tuple[ChunkRef, int]] = []
-        for chunk, at in members:
+        run: list[tuple[_Part, int]] = []
+        for part, at in members:
             if run:
                 first, last = run[0][0], run[-1][0]
-                gap = chunk.offset - (last.offset + last.size)
-                if 0 <= gap <= max_gap and chunk.offset + chunk.size - first.offset <= MAX_READ_BYTES:
-                    run.append((chunk, at))
+                gap = part.offset - (last.offset + last.size)
+                if 0 <= gap <= max_gap and part.offset + part.size - first.offset <= MAX_READ_BYTES:
+                    run.append((part, at))
                     continue
                 spans.append(_make_span(pack, run))
-            run = [(chunk, at)]
+            run = [(part, at)]
         if run:
             spans.append(_make_span(pack, run))
     return spans
 
 
-def _make_span(pack: str, run: list[tuple[ChunkRef, int]]) -> _Span:
+@dataclass(frozen=True)
+class _Plan:
+    """How a restore reads a run of chunks: ``direct`` parts go to their output position as
+    read (a full chunk, verified as read; a delta chunk's base, checked later); each of
+    ``deltas`` is a delta chunk, its output position and the part holding its pages."""
+
+    direct: list[tuple[_Part, int]]
+    deltas: list[tuple[ChunkRef, int, _Part]]
+
+
+def _plan(chunks: Sequence[ChunkRef]) -> _Plan:
+    plan = _Plan([], [])
+    position = 0
+    for chunk in chunks:
+        if chunk.is_delta:
+            assert chunk.base_pack is not None
+            plan.direct.append((_Part("", chunk.size, chunk.base_pack, chunk.base_offset), position))
+            plan.deltas.append((chunk, position, _Part("", chunk.stored_size, chunk.pack,
+                                                       chunk.offset, chunk)))
+        else:
+            plan.direct.append((_Part(chunk.digest, chunk.size, chunk.pack, chunk.offset),
+                                position))
+        position += chunk.size
+    return plan
+
+
+def _bad_chunk(chunk: ChunkRef, seq: int) -> CorruptSnapshot:
+    where = f"{chunk.pack}" if not chunk.is_delta else f"{chunk.pack} (base in {chunk.base_pack})"
+    return CorruptSnapshot(f"chunk {chunk.digest} in {where} does not match its digest",
+                           seq=seq, digest=chunk.digest)
+
+
+def _make_span(pack: str, run: list[tuple[_Part, int]]) -> _Span:
     # Widened to whole 4 KiB blocks, so that a local store reads the span with O_DIRECT into
     # aligned memory (no page-cache copy, and no page cache to allocate: ADR 0016, 0021).
     start = run[0][0].offset // DIRECT_IO_ALIGN * DIRECT_IO_ALIGN
     end = max(chunk.offset + chunk.size for chunk, _ in run)
     end = -(-end // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
-    return _Span(pack, start, end - start, tuple(c for c, _ in run), tuple(at for _, at in run))
+    return _Span(pack, start, end - start, tuple(c for c, _ in run),
+                 positions=tuple(at for _, at in run))
 
 
 # What one span may need: MAX_READ_BYTES of chunks, widened by a block at either end.
@@ -164,24 +215,47 @@ class SnapshotReader:
         self._prefetch = max(1, prefetch)
         self._free: list[bytearray] = []  # iter_file's read buffers, reused across files
 
-    def _fetch_verified(self, rng: _Range, view: memoryview) -> int:
-        """Read ``rng`` into ``view`` (at least ``rng.length`` bytes) and check every chunk's
-        digest; runs on a pool thread. Returns the bytes read."""
+    def _read_part(self, pack: str, offset: int, view: memoryview, digest: str) -> int:
         try:
-            got = self.backend.read_range_into(rng.pack, rng.offset, view[:rng.length])
+            return self.backend.read_range_into(pack, offset, view)
         except NotFound:
-            first = rng.chunks[0]
             raise CorruptSnapshot(
-                f"chunk {first.digest} is missing: its pack {rng.pack} does not exist",
-                seq=self.manifest.seq, digest=first.digest) from None
+                f"chunk {digest or '(part of a delta chunk)'} is missing: its pack {pack} "
+                "does not exist", seq=self.manifest.seq, digest=digest or None) from None
+
+    def _fetch_delta(self, chunk: ChunkRef, view: memoryview) -> int:
+        """Read delta ``chunk``'s base and pages, assemble it in ``view[:chunk.size]`` and
+        check its digest."""
+        assert chunk.base_pack is not None
+        pages = aligned_buffer(-(-chunk.stored_size // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
+        got = self._read_part(chunk.base_pack, chunk.base_offset, view[:chunk.size], chunk.digest)
+        got_pages = self._read_part(chunk.pack, chunk.offset,
+                                    memoryview(pages)[:chunk.stored_size], chunk.digest)
+        if got < chunk.size or got_pages < chunk.stored_size:
+            raise CorruptSnapshot(f"delta chunk {chunk.digest} in {chunk.pack} is truncated",
+                                  seq=self.manifest.seq, digest=chunk.digest)
+        delta.apply(view[:chunk.size], memoryview(pages), chunk.delta_mask)
+        if compute_digest(view[:chunk.size]) != chunk.digest:
+            raise _bad_chunk(chunk, self.manifest.seq)
+        return chunk.size
+
+    def _fetch_verified(self, rng: _Range, view: memoryview) -> int:
+        """Read ``rng`` into ``view`` (at least ``rng.length`` bytes) and check the digest of
+        every chunk that has one (a delta chunk's pieces are checked once assembled); runs on
+        a pool thread. Returns the bytes read."""
+        if rng.assemble:
+            chunk = rng.chunks[0]
+            assert isinstance(chunk, ChunkRef)
+            return self._fetch_delta(chunk, view)
+        got = self._read_part(rng.pack, rng.offset, view[:rng.length], rng.chunks[0].digest)
         for chunk in rng.chunks:
             start = chunk.offset - rng.offset
             if start + chunk.size > got:
                 raise CorruptSnapshot(
-                    f"chunk {chunk.digest} in {chunk.pack} is truncated "
-                    f"({max(got - start, 0)} of {chunk.size} bytes)",
-                    seq=self.manifest.seq, digest=chunk.digest)
-            if compute_digest(view[start:start + chunk.size]) != chunk.digest:
+                    f"chunk {chunk.digest or '(part of a delta chunk)'} in {chunk.pack} is "
+                    f"truncated ({max(got - start, 0)} of {chunk.size} bytes)",
+                    seq=self.manifest.seq, digest=chunk.digest or None)
+            if chunk.digest and compute_digest(view[start:start + chunk.size]) != chunk.digest:
                 raise CorruptSnapshot(
                     f"chunk {chunk.digest} in {chunk.pack} does not match its digest",
                     seq=self.manifest.seq, digest=chunk.digest)
@@ -277,28 +351,37 @@ class SnapshotReader:
         ranged reads run on the pool, up to ``prefetch`` at once. Raises
         :class:`CorruptSnapshot` (naming the chunk) when one does not match its digest; no
         byte of a bad chunk is ever returned."""
-        spans = _spans(chunks)
+        plan = _plan(chunks)
         out = bytearray(sum(chunk.size for chunk in chunks))
-        view = memoryview(out)
+        pages_at: list[int] = []
+        position = 0
+        for _, _, part in plan.deltas:
+            pages_at.append(position)
+            position += part.size
+        pages = bytearray(position)  # every delta chunk's changed pages, one after another
+        work = [(span, out) for span in _spans(plan.direct)]
+        work += [(span, pages) for span in _spans([(part, at) for (_, _, part), at
+                                                   in zip(plan.deltas, pages_at)])]
         futures: list[Future[int]] = []
         buffers: list[Any] = []
-        for span in spans:
+        for span, _ in work:
             buffers.append(aligned_buffer(span.length))
             futures.append(self._pool.submit(self._fetch_verified, span, memoryview(buffers[-1])))
         try:
-            for future, span, buffer in zip(futures, spans, buffers):
+            for future, (span, target), buffer in zip(futures, work, buffers):
                 future.result()
+                view = memoryview(target)
                 for start, length, at in span.pieces():  # verified; the chunks, not the gaps
                     view[at:at + length] = memoryview(buffer)[start:start + length]
         finally:
-            for future in futures:
-                future.cancel()
-            for future in futures:
-                if not future.cancelled():
-                    try:
-                        future.result()
-                    except BaseException:  # noqa: BLE001 - the first error is being raised
-                        pass
+            _settle(futures)
+        view = memoryview(out)
+        for (chunk, at, part), page_at in zip(plan.deltas, pages_at):
+            assembled = view[at:at + chunk.size]
+            delta.apply(assembled, memoryview(pages)[page_at:page_at + part.size],
+                        chunk.delta_mask)
+            if compute_digest(assembled) != chunk.digest:
+                raise _bad_chunk(chunk, self.manifest.seq)
         return out
 
     def read_file(self, path: str) -> bytes:
@@ -330,7 +413,8 @@ class SnapshotReader:
         each verified and its chunks written at their offsets (``pwrite``) on the pool thread
         that read it,
         so reading, hashing and writing overlap and use every core. At most ``prefetch`` + 1
-        files are open at once.
+        files without delta chunks are open at once; a file with delta chunks stays open
+        until its pages are patched in, after every other file's first pass.
         """
         dest = os.path.abspath(dest)
         if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
@@ -361,13 +445,20 @@ class SnapshotReader:
     def _write_files(self, root: str, *, durable: bool, exclude: frozenset[str],
                      progress: Callable[[int], None] | None) -> None:
         """Create every file of the manifest under ``root`` with its verified content (see
-        :meth:`restore_to`). Returns once every write has ended; raises the first error."""
+        :meth:`restore_to`). Returns once every write has ended; raises the first error.
+
+        Two passes: the first writes every full chunk (verified as read) and every delta
+        chunk's base; the second reads the deltas' pages (stored together in the newer
+        packs), patches each delta chunk in place and checks its digest over the assembled
+        bytes read back from the file. A bad delta chunk fails the restore like any other, and
+        nothing is renamed into place before both passes end."""
         buffers: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(self._prefetch):
             buffers.put(aligned_buffer(SPAN_BUFFER_BYTES))
-        pending: deque[tuple[_OpenFile, _Span, Future[int]]] = deque()
+        pending: deque[tuple[_OpenFile, int, Future[None]]] = deque()
 
-        def fetch_and_write(rng: _Span, out: _OpenFile) -> int:
+        def read_span(rng: _Span, out: _OpenFile, write: Callable[[_Span, memoryview, int], None]
+                      ) -> None:
             buffer = buffers.get()  # one is free: no more than prefetch tasks are in flight
             try:
                 # A chunk above MAX_READ_BYTES (max_chunk_bytes allows up to 256 MiB) is a
@@ -375,22 +466,44 @@ class SnapshotReader:
                 view = memoryview(buffer if len(buffer) >= rng.length
                                   else aligned_buffer(rng.length))
                 self._fetch_verified(rng, view)
-                for start, length, at in rng.pieces():  # the chunks, not the gaps
-                    pwrite_all(out.fd, view[start:start + length], at)
+                assert out.fd is not None
+                write(rng, view, out.fd)
             finally:
                 buffers.put(buffer)
-            return rng.length
+
+        def write_direct(rng: _Span, view: memoryview, fd: int) -> None:
+            for start, length, at in rng.pieces():  # the chunks, not the gaps
+                pwrite_all(fd, view[start:start + length], at)
+
+        def write_patched(rng: _Span, view: memoryview, fd: int) -> None:
+            for part, at in zip(rng.chunks, rng.positions):
+                chunk = part.chunk  # type: ignore[union-attr]
+                assembled = bytearray(os.pread(fd, chunk.size, at))
+                start = part.offset - rng.offset
+                delta.apply(memoryview(assembled), view[start:start + part.size],
+                            chunk.delta_mask)
+                if len(assembled) != chunk.size or compute_digest(assembled) != chunk.digest:
+                    raise _bad_chunk(chunk, self.manifest.seq)
+                pwrite_all(fd, memoryview(assembled), at)
+
+        def submit(out: _OpenFile, span: _Span, write: Callable[[_Span, memoryview, int], None],
+                   counted: int) -> None:
+            while len(pending) >= self._prefetch:
+                finish_oldest()
+            out.outstanding += 1
+            pending.append((out, counted, self._pool.submit(read_span, span, out, write)))
 
         def finish_oldest() -> None:
-            out, rng, future = pending.popleft()
+            out, counted, future = pending.popleft()
             future.result()
-            if progress is not None:
-                progress(rng.payload)
+            if progress is not None and counted:
+                progress(counted)
             out.outstanding -= 1
             if out.outstanding == 0 and out.submitted:
                 out.close(durable=durable)
 
         opened: list[_OpenFile] = []
+        patches: list[tuple[_OpenFile, list[_Span]]] = []
         try:
             for entry in self.manifest.files:
                 if entry.path in exclude:
@@ -398,18 +511,27 @@ class SnapshotReader:
                 # Confined (no symlink, no '..'), created exclusively, mode without setuid
                 # bits: a restore may run as root, and the manifest came from a shared store.
                 out = _OpenFile(open_beneath(root, entry.path,
-                                             flags=os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                             flags=os.O_RDWR | os.O_CREAT | os.O_EXCL,
                                              mode=0o600), entry)
                 opened.append(out)
                 total = sum(chunk.size for chunk in entry.chunks)
                 if total != entry.size:
                     raise CorruptSnapshot(f"{entry.path}: its chunks add up to {total} "
                                           f"bytes, not {entry.size}", seq=self.manifest.seq)
-                for span in _spans(entry.chunks):
-                    while len(pending) >= self._prefetch:
-                        finish_oldest()
-                    out.outstanding += 1
-                    pending.append((out, span, self._pool.submit(fetch_and_write, span, out)))
+                plan = _plan(entry.chunks)
+                for span in _spans(plan.direct):
+                    submit(out, span, write_direct, span.payload)
+                if plan.deltas:
+                    patches.append((out, _spans([(part, at) for _, at, part in plan.deltas])))
+                    continue
+                out.submitted = True
+                if out.outstanding == 0:
+                    out.close(durable=durable)
+            while pending:  # every base is written before any delta is patched over it
+                finish_oldest()
+            for out, spans in patches:
+                for span in spans:
+                    submit(out, span, write_patched, 0)
                 out.submitted = True
                 if out.outstanding == 0:
                     out.close(durable=durable)
@@ -417,16 +539,22 @@ class SnapshotReader:
                 finish_oldest()
         finally:
             # Nothing may still write into a file once this returns or raises.
-            for _, _, future in pending:
-                future.cancel()
-            for _, _, future in pending:
-                if not future.cancelled():
-                    try:
-                        future.result()
-                    except BaseException:  # noqa: BLE001 - the first error is being raised
-                        pass
+            _settle([future for _, _, future in pending])
             for out in opened:
                 out.abandon()
+
+
+def _settle(futures: Sequence[Future[Any]]) -> None:
+    """Cancel what has not started and wait for the rest: nothing may still write into the
+    caller's memory or files once a read returns or raises."""
+    for future in futures:
+        future.cancel()
+    for future in futures:
+        if not future.cancelled():
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the first error is being raised
+                pass
 
 
 class _OpenFile:

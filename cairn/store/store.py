@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -428,7 +428,8 @@ class Store:
         """Cheap structural check: every pack exists and is long enough for its chunks."""
         needed: dict[str, int] = {}
         for chunk in manifest.chunk_refs():
-            needed[chunk.pack] = max(needed.get(chunk.pack, 0), chunk.offset + chunk.size)
+            for pack, offset, length in chunk.extents():
+                needed[pack] = max(needed.get(pack, 0), offset + length)
         for pack, end in needed.items():
             try:
                 size = self.backend.stat(pack).size
@@ -504,16 +505,24 @@ class Store:
         return report
 
     def _verify_chunk(self, chunk: ChunkRef, progress: ProgressCallback | None) -> str | None:
+        from cairn.store.delta import apply as apply_delta
         from cairn.store.hashing import digest as compute_digest
 
-        try:
-            data = self.backend.read_range(chunk.pack, chunk.offset, chunk.size)
-        except NotFound:
-            return f"pack {chunk.pack} is missing"
+        pieces = []
+        for pack, offset, length in chunk.extents():
+            try:
+                data = self.backend.read_range(pack, offset, length)
+            except NotFound:
+                return f"pack {pack} is missing"
+            if len(data) != length:
+                return f"truncated in {pack} ({len(data)} of {length} bytes)"
+            pieces.append(data)
         if progress is not None:
             progress(chunk.size)
-        if len(data) != chunk.size:
-            return f"truncated in {chunk.pack} ({len(data)} of {chunk.size} bytes)"
+        if chunk.is_delta:
+            assembled = bytearray(pieces[0])
+            apply_delta(memoryview(assembled), memoryview(pieces[1]), chunk.delta_mask)
+            data = bytes(assembled)
         if compute_digest(data) != chunk.digest:
             return f"digest mismatch in {chunk.pack}"
         return None
@@ -586,6 +595,12 @@ class Attempt:
         self.resumed_from = parent
         # Dedup index: the parent's chunks and every chunk this attempt wrote itself.
         self.known_chunks: dict[str, ChunkRef] = {}
+        # Page deltas (cairn.store.delta), kept in memory for this try only: for each locator
+        # the full chunk the last snapshot had there, the page hashes of those chunks, and
+        # the base of every delta chunk this try wrote.
+        self.page_bases: dict[Hashable, str] = {}
+        self.page_hashes: dict[str, bytes] = {}
+        self.delta_bases: dict[str, str] = {}
         if parent is not None:
             self._index(parent)
 
@@ -601,8 +616,15 @@ class Attempt:
         for chunk in manifest.chunk_refs():
             self.known_chunks.setdefault(chunk.digest, chunk)
 
+    def adopt_page_bases(self, bases: dict[Hashable, str]) -> None:
+        """After a commit: ``bases`` (locator -> full chunk) is what the next snapshot's page
+        deltas are taken against; page hashes of chunks no longer a base are dropped."""
+        self.page_bases = dict(bases)
+        keep = set(bases.values())
+        self.page_hashes = {d: h for d, h in self.page_hashes.items() if d in keep}
+
     def forget_pack(self, pack: str) -> None:
-        for digest in [d for d, ref in self.known_chunks.items() if ref.pack == pack]:
+        for digest in [d for d, ref in self.known_chunks.items() if pack in ref.packs()]:
             del self.known_chunks[digest]
 
     def snapshot(self, *, mode: SnapshotMode = SnapshotMode.FILES,
@@ -615,6 +637,7 @@ class Attempt:
         and the only source of dedup besides this attempt's own uploads."""
         self.parent = manifest
         self.known_chunks = {}
+        self.page_bases = {}
         self._index(manifest)
 
     def remember(self, manifest: Manifest) -> None:

@@ -8,6 +8,11 @@ Dedup is only against the parent snapshot's chunks and chunks this attempt wrote
 reused chunk's pack is *touched* before the reference is recorded: garbage collection never
 deletes a pack touched within its grace period, and its version-guarded delete loses to a
 touch that races it. A touch that finds the pack gone means the chunk is written again.
+
+A file added with ``locators`` (a process image's pages: where each chunk sits in the address
+space) may have a changed chunk stored as a page delta against the full chunk the attempt's
+previous snapshot had at the same locator (:mod:`cairn.store.delta`); its base's pack is
+touched like a reused chunk's.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import os
 import platform
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from cairn.exceptions import ConfigError, NotFound, SnapshotTooSlow
+from cairn.store import delta
 from cairn.store.chunking import chunk_spans, segments
 from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import (
@@ -49,6 +55,7 @@ class WriteStats:
     bytes_written: int = 0
     chunks_total: int = 0
     chunks_reused: int = 0
+    chunks_delta: int = 0  # stored as changed pages over a base chunk
 
 
 class SnapshotWriter:
@@ -76,47 +83,68 @@ class SnapshotWriter:
         )
         self._started = time.monotonic()
         self._closed = False
+        # locator -> the full chunk that the next snapshot's chunk there may be a delta of
+        self._bases: dict[Hashable, str] = {}
         self.stats = WriteStats()
 
     # -- adding data ---------------------------------------------------------------------
 
     def add_bytes(self, path: str, data: bytes | bytearray | memoryview, *,
-                  cuts: Iterable[int] = (), mode: int | None = None) -> FileEntry:
-        """Add a file from a buffer; ``cuts`` are offsets where a chunk must begin."""
+                  cuts: Iterable[int] = (), mode: int | None = None,
+                  locators: Sequence[Hashable] | None = None) -> FileEntry:
+        """Add a file from a buffer; ``cuts`` are offsets where a chunk must begin
+        (``locators`` as for :meth:`add_stream`)."""
         self._check_new_path(path)
         view = memoryview(data).cast("B")
-        chunks = [self._add_chunk(view[start:end])
-                  for start, end in chunk_spans(len(view), cuts=cuts, max_chunk=self._max_chunk)]
+        cuts = list(cuts)
+        by_start = _by_start(path, cuts, locators)
+        chunks = []
+        for start, end in segments(len(view), cuts):
+            for index, (offset, stop) in enumerate(chunk_spans(end - start,
+                                                               max_chunk=self._max_chunk)):
+                locator = (path, by_start[start], index) if start in by_start else None
+                chunks.append(self._add_chunk(view[start + offset:start + stop], locator))
         return self._add_entry(path, len(view), chunks, mode)
 
     def add_stream(self, path: str, stream: IO[bytes], *, size: int | None = None,
-                   cuts: Iterable[int] = (), mode: int | None = None) -> FileEntry:
+                   cuts: Iterable[int] = (), mode: int | None = None,
+                   locators: Sequence[Hashable] | None = None) -> FileEntry:
         """Add a file read from ``stream`` chunk by chunk (memory stays at one chunk).
 
         With ``cuts``, ``size`` is required and the stream must hold exactly ``size`` bytes.
+        ``locators``, one per cut, name what the segment starting at each cut holds in a way
+        that stays true from one snapshot to the next (see the module docstring).
         """
         self._check_new_path(path)
         cuts = list(cuts)
         if cuts and size is None:
             raise ConfigError("add_stream with cuts needs size= (the stream's length)")
+        by_start = _by_start(path, cuts, locators)
         buffer = bytearray(self._max_chunk)
         view = memoryview(buffer)
         chunks: list[ChunkRef] = []
         total = 0
         bounds = segments(size, cuts) if size is not None else None
         seg_index = 0
+        segment_chunk = 0
         while True:
             want = self._max_chunk
+            locator: Hashable | None = None
             if bounds is not None:
                 while seg_index < len(bounds) and total >= bounds[seg_index][1]:
                     seg_index += 1
+                    segment_chunk = 0
                 if seg_index == len(bounds):
                     break
+                start = bounds[seg_index][0]
                 want = min(want, bounds[seg_index][1] - total)
+                if start in by_start:
+                    locator = (path, by_start[start], segment_chunk)
+                segment_chunk += 1
             got = _read_exactly(stream, view[:want])
             if got == 0:
                 break
-            chunks.append(self._add_chunk(view[:got]))
+            chunks.append(self._add_chunk(view[:got], locator))
             total += got
             if got < want:
                 break
@@ -125,12 +153,13 @@ class SnapshotWriter:
         return self._add_entry(path, total, chunks, mode)
 
     def add_file(self, path: str, source: str | os.PathLike[str], *,
-                 cuts: Iterable[int] = ()) -> FileEntry:
+                 cuts: Iterable[int] = (),
+                 locators: Sequence[Hashable] | None = None) -> FileEntry:
         """Add the file at ``source`` (streamed) under ``path``, keeping its permission bits."""
         with open(source, "rb") as f:
             st = os.fstat(f.fileno())
             return self.add_stream(path, f, size=st.st_size, cuts=cuts,
-                                   mode=stat.S_IMODE(st.st_mode))
+                                   mode=stat.S_IMODE(st.st_mode), locators=locators)
 
     def _check_new_path(self, path: str) -> None:
         self._check_open()
@@ -148,34 +177,84 @@ class SnapshotWriter:
         self.stats.bytes_logical += size
         return entry
 
-    def _add_chunk(self, data: memoryview) -> ChunkRef:
+    def _add_chunk(self, data: memoryview, locator: Hashable | None = None) -> ChunkRef:
         digest = compute_digest(data)
         self.stats.chunks_total += 1
         ref = self._reuse(digest, len(data))
-        if ref is None:
-            pack, offset = self._packs.add(data)
-            ref = ChunkRef(digest, len(data), pack, offset)
-            self._attempt.known_chunks[digest] = ref
-            self.stats.bytes_written += len(data)
-        else:
+        tracked = locator is not None and delta.delta_eligible(len(data))
+        hashes: bytes | None = None
+        if ref is not None:
             self.stats.chunks_reused += 1
+            if tracked:
+                self._track(locator, ref, data)
+        else:
+            if tracked:
+                ref, hashes = self._add_delta(data, digest, locator)
+            if ref is None:
+                pack, offset = self._packs.add(data)
+                ref = ChunkRef(digest, len(data), pack, offset)
+                self.stats.bytes_written += len(data)
+                if tracked:
+                    self._track(locator, ref, data, hashes)
+            self._attempt.known_chunks[digest] = ref
         if self._progress is not None:
             self._progress(len(data))
         return ref
+
+    def _track(self, locator: Hashable, ref: ChunkRef, data: memoryview,
+               hashes: bytes | None = None) -> None:
+        """Note the full chunk the next snapshot's chunk at ``locator`` may be a delta of."""
+        base = ref.digest if not ref.is_delta else self._attempt.delta_bases.get(ref.digest)
+        if base is None:  # a delta from an earlier try, whose base this one never saw
+            return
+        if base not in self._attempt.page_hashes:
+            if ref.is_delta:
+                return
+            self._attempt.page_hashes[base] = hashes or delta.page_hashes(data)
+        self._bases[locator] = base
+
+    def _add_delta(self, data: memoryview, digest: str, locator: Hashable
+                   ) -> tuple[ChunkRef | None, bytes | None]:
+        """Store ``data`` as a delta of the previous snapshot's chunk at ``locator`` if that
+        saves enough; else ``(None, the page hashes if computed)``."""
+        base_digest = self._attempt.page_bases.get(locator)
+        if base_digest is None:
+            return None, None
+        base = self._attempt.known_chunks.get(base_digest)
+        base_hashes = self._attempt.page_hashes.get(base_digest)
+        if base is None or base.is_delta or base.size != len(data) or base_hashes is None:
+            return None, None
+        hashes = delta.page_hashes(data)
+        mask = delta.changed_mask(hashes, base_hashes)
+        if not delta.worth_a_delta(mask, len(data)) or not self._protect(base):
+            return None, hashes
+        pages = delta.gather(data, mask)
+        pack, offset = self._packs.add(pages)
+        self.stats.bytes_written += len(pages)
+        self.stats.chunks_delta += 1
+        self._attempt.delta_bases[digest] = base_digest
+        self._bases[locator] = base_digest
+        return ChunkRef(digest, len(data), pack, offset, base.pack, base.offset, mask), None
 
     def _reuse(self, digest: str, size: int) -> ChunkRef | None:
         ref = self._attempt.known_chunks.get(digest)
         if ref is None or ref.size != size:
             return None
-        if ref.pack in self._packs.created or ref.pack in self._fresh_packs:
-            return ref
-        try:
-            self._store.backend.touch(ref.pack)
-        except NotFound:
-            self._attempt.forget_pack(ref.pack)
-            return None
-        self._fresh_packs.add(ref.pack)
-        return ref
+        return ref if self._protect(ref) else None
+
+    def _protect(self, ref: ChunkRef) -> bool:
+        """Touch every pack ``ref`` reads from (GC then keeps them for its grace period);
+        False when one is gone, whose chunks are then forgotten."""
+        for pack in ref.packs():
+            if pack in self._packs.created or pack in self._fresh_packs:
+                continue
+            try:
+                self._store.backend.touch(pack)
+            except NotFound:
+                self._attempt.forget_pack(pack)
+                return False
+            self._fresh_packs.add(pack)
+        return True
 
     # -- finishing -----------------------------------------------------------------------
 
@@ -239,6 +318,8 @@ class SnapshotWriter:
             self.abort()
             raise
         self._closed = True
+        if self._bases:
+            self._attempt.adopt_page_bases(self._bases)
         return manifest
 
     def _metadata(self, step: int | None, compat: Mapping[str, Any] | None,
@@ -250,6 +331,7 @@ class SnapshotWriter:
             "padding_bytes": self._packs.padding_bytes,  # zeros aligning chunks in packs
             "chunks": self.stats.chunks_total,
             "chunks_reused": self.stats.chunks_reused,
+            "chunks_delta": self.stats.chunks_delta,
             "producer": {
                 "cairn": __version__,
                 "python": platform.python_version(),
@@ -274,6 +356,17 @@ class SnapshotWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+
+def _by_start(path: str, cuts: list[int], locators: Sequence[Hashable] | None
+              ) -> dict[int, Hashable]:
+    """Each cut's locator, by the offset of the segment it starts."""
+    if locators is None:
+        return {}
+    if len(locators) != len(cuts):
+        raise ConfigError(f"{path}: give one locator per cut ({len(locators)} locators, "
+                          f"{len(cuts)} cuts)")
+    return dict(zip(cuts, locators))
 
 
 def _read_exactly(stream: IO[bytes], view: memoryview) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.store import Key, Manifest, Store
-from cairn.store.reader import _coalesce, _spans
+from cairn.store.reader import _coalesce, _plan, _spans
 from tests.support import tamper
 
 KEY = Key(("dag", "gaps", "run-1", "0"))
@@ -39,7 +39,7 @@ def test_a_restore_reads_over_the_holes_and_writes_only_the_chunks(store: Store,
     chunks = second.file("pages.img").chunks
     assert len({c.pack for c in chunks}) == 1, "every chunk dedups into the first pack"
     assert len(_coalesce(chunks)) == 3, "without gaps: a read per run of adjacent chunks"
-    (span,) = _spans(chunks)
+    (span,) = _spans(_plan(chunks).direct)
     assert span.payload == len(kept) < span.length
     # output pieces: piece 0, pieces 2 and 3 together (adjacent in the pack and the file), 5
     assert [(length, at) for _, length, at in span.pieces()] == [

@@ -1,4 +1,7 @@
-"""Manifest parsing trusts nothing: paths, sizes, digests and the schema are all checked."""
+"""Manifest parsing trusts nothing: paths, sizes, digests and the schema are all checked.
+
+Most cases are written in schema 1's JSON (one readable list per chunk), which cairn still
+reads; schema 2 (written now) is checked at the end and in test_chunktable.py."""
 
 from __future__ import annotations
 
@@ -8,14 +11,22 @@ from typing import Any
 import pytest
 
 from cairn.exceptions import CorruptSnapshot
-from cairn.store.manifest import MANIFEST_SCHEMA, SnapshotMode, manifest_from_json
+from cairn.store.chunktable import ChunkRef
+from cairn.store.manifest import (
+    MANIFEST_SCHEMA,
+    MANIFEST_SCHEMA_V1,
+    FileEntry,
+    Manifest,
+    SnapshotMode,
+    manifest_from_json,
+)
 
 DIGEST = "ab" * 32
 
 
 def good() -> dict[str, Any]:
     return {
-        "schema": MANIFEST_SCHEMA, "key": ["d", "t"], "seq": 3, "epoch": 1, "parent": 2,
+        "schema": MANIFEST_SCHEMA_V1, "key": ["d", "t"], "seq": 3, "epoch": 1, "parent": 2,
         "created_at": "2026-11-29T00:00:00.000000Z", "mode": "files",
         "files": [{"path": "dir/a.bin", "size": 10, "mode": 0o644,
                    "chunks": [[DIGEST, 6, "packs/ab/p", 0], [DIGEST, 4, "packs/ab/p", 6]]}],
@@ -70,3 +81,44 @@ def test_duplicate_paths_are_rejected() -> None:
     doc["files"].append(copy.deepcopy(doc["files"][0]))
     with pytest.raises(CorruptSnapshot, match="twice"):
         manifest_from_json(doc)
+
+
+def delta_manifest() -> Manifest:
+    full = ChunkRef(DIGEST, 3 * 4096, "packs/aa/base", 8192)
+    changed = ChunkRef("cd" * 32, 3 * 4096, "packs/bb/new", 0, "packs/aa/base", 8192, 0b010)
+    return Manifest(key=("d", "t"), seq=4, epoch=2, parent=3, created_at="2026-12-01T00:00:00Z",
+                    mode=SnapshotMode.PROCESS, metadata={},
+                    files=(FileEntry("images/pages-1.img", 2 * 3 * 4096, (full, changed)),))
+
+
+def test_schema_2_round_trips_delta_chunks_and_lists_their_base_packs() -> None:
+    manifest = delta_manifest()
+    doc = manifest.to_json()
+    assert doc["schema"] == MANIFEST_SCHEMA
+    assert doc["packs"] == ["packs/aa/base", "packs/bb/new"]
+    assert isinstance(doc["files"][0]["chunks"], str)
+    assert manifest_from_json(doc) == manifest
+    assert manifest.packs() == {"packs/aa/base", "packs/bb/new"}
+
+
+def test_a_schema_1_manifest_reads_as_it_was_written() -> None:
+    manifest = manifest_from_json(good())
+    assert manifest.file("dir/a.bin").chunks == (ChunkRef(DIGEST, 6, "packs/ab/p", 0),
+                                                 ChunkRef(DIGEST, 4, "packs/ab/p", 6))
+    assert manifest_from_json(manifest.to_json()) == manifest  # now written as schema 2
+
+
+@pytest.mark.parametrize("packs, message", [
+    (["../etc"], "bad pack"), ("packs/aa/x", "not a list"), ([7], "bad pack")])
+def test_schema_2_pack_lists_are_checked(packs: object, message: str) -> None:
+    doc = delta_manifest().to_json()
+    doc["packs"] = packs
+    with pytest.raises(CorruptSnapshot, match=message):
+        manifest_from_json(doc)
+
+
+def test_a_schema_2_table_naming_a_pack_past_the_list_is_rejected() -> None:
+    doc = delta_manifest().to_json()
+    doc["packs"] = doc["packs"][:1]
+    with pytest.raises(CorruptSnapshot, match="names pack 1 of 1"):
+        manifest_from_json(doc, seq=4)
