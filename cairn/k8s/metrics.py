@@ -70,6 +70,9 @@ def render(status: Status | None, *, notices_sent: Mapping[str, int],
                  [({}, status.failures)])
         w.family("cairn_snapshot_frozen_seconds_total", "counter",
                  "Time the workload was frozen by snapshots.", [({}, status.frozen_seconds)])
+        w.family("cairn_snapshot_gpu_stall_seconds_total", "counter",
+                 "Time the workload's GPU work was stopped by snapshots (CUDA lock to unlock).",
+                 [({}, status.gpu_stall_seconds)])
         w.family("cairn_snapshot_stall_seconds_total", "counter",
                  "Wall time of the dumps (the workload's stall, end to end).",
                  [({}, status.stall_seconds)])

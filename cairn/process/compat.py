@@ -9,17 +9,26 @@ The comparison is strict equality on every field. Kernel and CRIU versions are c
 exactly because a CRIU image is only guaranteed to restore with the CRIU that wrote it on the
 kernel it ran on; CPU flags because a process that picked AVX-512 code paths at start crashes
 on a CPU without them.
+
+GPUs are the exception to equality: a record holds each visible GPU's UUID, model and memory
+(and, in a snapshot's record, the device memory the workload held on it), and
+:mod:`cairn.process.gpu_map` decides whether the snapshot's GPUs map onto this host's (same
+model and count, the memory free, driver >= 580 for other UUIDs). A record without ``gpus``
+(written before they were recorded) keeps the strict rule on GPU models and count.
+
+A snapshot that does not fit is not restored: the try starts fresh and logs the reasons
+(``cairn run``'s rule for every incompatible snapshot).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cairn.process import gpu_map as gpu_map_mod
+from cairn.process import gpus as gpus_mod
 from cairn.process.criu import criu_version, format_version
 from cairn.runtime.env import IMAGE_DIGEST
 from cairn.store.hashing import digest
@@ -45,24 +54,22 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return model, flags
 
 
-def _gpus() -> dict[str, Any]:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {"count": 0, "models": [], "driver": None, "cuda": None}
-    try:
-        query = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=30, check=False)
-        header = subprocess.run([smi], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return {"count": 0, "models": [], "driver": None, "cuda": None, "error": "nvidia-smi failed"}
-    rows = [[p.strip() for p in line.rsplit(",", 1)] for line in query.stdout.splitlines()
-            if line.strip()]
-    cuda = re.search(r"CUDA Version:\s*([\d.]+)", header.stdout)
-    return {"count": len(rows), "models": [r[0] for r in rows],
-            "driver": rows[0][1] if rows and len(rows[0]) > 1 else None,
-            "cuda": cuda.group(1) if cuda else None}
+def _gpus(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    inv = gpus_mod.inventory(environ=environ)
+    shown = gpus_mod.visible(inv.devices, environ)
+    cuda = (f"{inv.cuda_driver // 1000}.{inv.cuda_driver % 1000 // 10}"
+            if inv.cuda_driver else None)
+    return {"count": len(shown), "models": [d.name for d in shown], "driver": inv.driver,
+            "cuda": cuda,
+            "gpus": [{"uuid": d.uuid, "name": d.name, "memory_total": d.memory_total,
+                      "memory_used": d.memory_used} for d in shown]}
+
+
+def with_gpu_use(record: Mapping[str, Any], use: Mapping[str, int]) -> dict[str, Any]:
+    """``record`` as a snapshot stores it: each GPU with the bytes the workload held on it
+    when it was dumped (what a target GPU must have free)."""
+    gpus = [{**g, "workload_bytes": int(use.get(g["uuid"], 0))} for g in record.get("gpus", [])]
+    return {**record, "gpus": gpus}
 
 
 def _hash_file(path: str) -> str | None:
@@ -116,7 +123,7 @@ def current_record(argv: Sequence[str], *, cwd: str, criu: str | None,
     env = os.environ if env is None else env
     model, flags = _cpuinfo()
     version = criu_version(criu) if criu else None
-    gpus = _gpus()
+    gpus = _gpus(env)
     return {
         "schema": RECORD_SCHEMA,
         "kernel": os.uname().release,
@@ -129,6 +136,7 @@ def current_record(argv: Sequence[str], *, cwd: str, criu: str | None,
         "gpu_count": gpus["count"],
         "nvidia_driver": gpus["driver"],
         "cuda": gpus["cuda"],
+        "gpus": gpus["gpus"],
         "workload": workload_fingerprint(argv, cwd=cwd),
     }
 
@@ -141,13 +149,30 @@ _LABELS = {
 }
 
 
-def differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+def gpu_plan(stored: Mapping[str, Any], current: Mapping[str, Any], *,
+             gpu_map: Mapping[str, str] | None = None) -> gpu_map_mod.GpuPlan:
+    """Where the snapshot's GPUs restore here (``gpu_map``: ``CAIRN_GPU_MAP`` parsed)."""
+    old = stored.get("gpus")
+    if not old:
+        return gpu_map_mod.GpuPlan()
+    return gpu_map_mod.plan(old, current.get("gpus") or [], driver=current.get("nvidia_driver"),
+                            gpu_map=gpu_map)
+
+
+def differences(stored: Mapping[str, Any], current: Mapping[str, Any], *,
+                gpu_map: Mapping[str, str] | None = None) -> list[str]:
     """Why a snapshot with record ``stored`` must not be restored here; empty if it may."""
     reasons = []
+    by_plan = "gpus" in stored  # the GPU plan judges models and count
     for field, label in _LABELS.items():
+        if by_plan and field in ("gpu_models", "gpu_count"):
+            continue
         if stored.get(field) != current.get(field):
             reasons.append(f"{label} differs (snapshot: {stored.get(field)!r}, here: "
                            f"{current.get(field)!r})")
+    plan = gpu_plan(stored, current, gpu_map=gpu_map)
+    if plan.reason:
+        reasons.append(plan.reason)
     old_flags = set(str(stored.get("cpu_flags") or "").split())
     new_flags = set(str(current.get("cpu_flags") or "").split())
     if old_flags != new_flags:

@@ -8,7 +8,7 @@ it; ``cuCheckpointProcessRestore`` puts the memory back on a GPU and
 ``cuda-checkpoint`` binary that a training image rarely has (ADR 0009).
 
 Limits from the driver: UVM (managed) memory and CUDA IPC are not supported, the copy needs
-host RAM for all device memory in use, and if a checkpoint fails midway the process may be
+host RAM (within the pod's memory limit) for the device memory the workload holds, and if a checkpoint fails midway the process may be
 left unusable (on CPU a failed dump leaves the process unharmed).
 
 Only the supervisor's main thread calls this module.
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from cairn.exceptions import NotSnapshottable, ProcessError
+from cairn.process import doctor  # the meminfo and cgroup readers
 from cairn.runtime.env import CUDA_LIBRARY
 
 LIBCUDA = CUDA_LIBRARY.default or "libcuda.so.1"
@@ -270,15 +271,19 @@ def cuda_pids(api: CudaCheckpoint, pids: list[int]) -> list[int]:
 
 
 def host_memory_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """Host RAM a checkpoint copy may take: MemAvailable, or less when the memory cgroup's
+    limit leaves less headroom (a pod is killed at its limit, not when the host runs out)."""
+    info = doctor.parse_meminfo(doctor.read_text("/proc/meminfo") or "")
+    available = info.get("MemAvailable", 0)
+    cgroup = doctor.cgroup_memory()
+    if cgroup is not None and cgroup.headroom_bytes is not None:
+        available = min(available, cgroup.headroom_bytes)
+    return available
 
 
 def check_fits(gpu_bytes: int, *, available: int | None = None) -> None:
-    """The driver copies device memory into host RAM: refuse a checkpoint that cannot fit."""
+    """The driver copies device memory into host RAM: refuse a checkpoint that cannot fit
+    (``available`` defaults to :func:`host_memory_available`)."""
     available = host_memory_available() if available is None else available
     if gpu_bytes > available:
         raise NotSnapshottable(
@@ -299,13 +304,15 @@ class GpuStall:
 
 @contextmanager
 def suspended(api: CudaCheckpoint, pids: list[int], *, resume: bool,
-              lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> Iterator[GpuStall]:
+              lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+              stall: GpuStall | None = None) -> Iterator[GpuStall]:
     """Lock and checkpoint every CUDA process in ``pids`` (device memory moves into host
     memory), then run the body (the CRIU dump). With ``resume``, restore and unlock them
-    afterwards, also when the body failed. Yields the :class:`GpuStall`, complete on exit."""
+    afterwards, also when the body failed. Yields the :class:`GpuStall` (``stall`` when
+    given), complete on exit, also an exit by an error."""
     locked: list[int] = []
     checkpointed: list[int] = []
-    stall = GpuStall()
+    stall = GpuStall() if stall is None else stall
     started = time.monotonic()
     try:
         for pid in pids:
@@ -349,30 +356,6 @@ def resume_restored(api: CudaCheckpoint, pids: list[int], *,
             api.unlock(pid)
 
 
-def gpu_memory_in_use() -> int:
-    """Bytes of device memory in use on every GPU (an upper bound for one workload: inside a
-    container NVML reports host PIDs, so per-process figures cannot be matched)."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        done = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    total = 0
-    for line in done.stdout.splitlines():
-        try:
-            total += int(float(line.strip())) << 20
-        except ValueError:
-            continue
-    return total
-
-
 __all__ = ["CudaCheckpoint", "CudaError", "GpuCheckpointError", "GpuLockTimeout",
            "GpuRestoreRefused", "GpuStall", "GpuStateError", "ProcessState", "check_fits",
-           "cuda_pids", "gpu_memory_in_use", "lock_timeout_ms", "resume_restored", "suspended"]
+           "cuda_pids", "host_memory_available", "lock_timeout_ms", "resume_restored", "suspended"]

@@ -15,14 +15,13 @@ import errno
 import json
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.runtime.env import CRIU as CRIU_VAR
 from cairn.process import criu as criu_mod
+from cairn.process import gpus as gpus_mod
 
 Reader = Callable[[str], "str | None"]
 """Returns a file's text, or ``None`` when it is missing or unreadable."""
@@ -34,7 +33,6 @@ Reader = Callable[[str], "str | None"]
 ASSUMED_D2H_BYTES_PER_S = 10e9
 
 MIN_KERNEL = (5, 9)  # CAP_CHECKPOINT_RESTORE; clone3 with set_tid arrived in 5.5
-NVIDIA_SMI_QUERY = ["--query-gpu=name,memory.used,memory.total", "--format=csv,noheader,nounits"]
 _UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a page-rounded 2**63-1
 
 
@@ -172,32 +170,8 @@ def parse_kernel_release(text: str) -> tuple[int, ...] | None:
 @dataclass(frozen=True)
 class Gpu:
     name: str
-    memory_used_bytes: int | None  # None when nvidia-smi reports [N/A]
+    memory_used_bytes: int | None  # None when the inventory could not tell
     memory_total_bytes: int | None
-
-
-def _mib(field: str) -> int | None:
-    try:
-        return int(float(field)) << 20
-    except ValueError:
-        return None
-
-
-def parse_nvidia_smi(csv_text: str) -> tuple[Gpu, ...]:
-    """Output of ``nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader,nounits``.
-
-    Memory is in MiB there. The name is split off from the right, so commas in it survive.
-    Raises :class:`ValueError` on a line without three fields.
-    """
-    gpus = []
-    for line in csv_text.splitlines():
-        if not line.strip():
-            continue
-        parts = [p.strip() for p in line.rsplit(",", 2)]
-        if len(parts) != 3:
-            raise ValueError(f"unexpected nvidia-smi line {line!r}")
-        gpus.append(Gpu(parts[0], _mib(parts[1]), _mib(parts[2])))
-    return tuple(gpus)
 
 
 def parse_nvidia_driver_version(text: str) -> str | None:
@@ -421,29 +395,56 @@ def check_cgroup(mounts_text: str | None) -> Check:
     return Check("cgroup", Status.OK, version.value)
 
 
-def check_nvidia(smi: str | None, smi_output: str | None, smi_error: str, driver_text: str | None
-                 ) -> tuple[Check, tuple[Gpu, ...]]:
-    """``smi``: the nvidia-smi path or ``None``; ``smi_output``: its query output, if it ran."""
-    driver = parse_nvidia_driver_version(driver_text) if driver_text else None
-    if smi is None and driver is None:
-        return Check("nvidia", Status.OK, "no NVIDIA GPU"), ()
-    if smi is None:
-        return (Check("nvidia", Status.WARN, f"driver {driver} loaded but nvidia-smi not found",
-                      "install the NVIDIA utilities (nvidia-smi) in the image"), ())
-    if smi_output is None:
-        return (Check("nvidia", Status.WARN, f"nvidia-smi failed: {smi_error}",
-                      "check the driver and that the GPUs are visible to this container"), ())
-    try:
-        gpus = parse_nvidia_smi(smi_output)
-    except ValueError as e:
-        return Check("nvidia", Status.WARN, str(e)), ()
-    if not gpus:
-        return Check("nvidia", Status.OK, f"driver {driver or 'unknown'}; no GPU visible"), ()
-    shown = "; ".join(
-        f"{g.name} {human_bytes(g.memory_used_bytes) if g.memory_used_bytes is not None else '?'}"
-        f" / {human_bytes(g.memory_total_bytes) if g.memory_total_bytes is not None else '?'} used"
-        for g in gpus)
-    return Check("nvidia", Status.OK, f"driver {driver or 'unknown'}; {len(gpus)} GPU(s): {shown}"), gpus
+def check_nvidia(inv: gpus_mod.Inventory, driver_text: str | None, *, preflight: bool,
+                 mps: bool = False) -> tuple[Check, tuple[Gpu, ...]]:
+    """The driver and GPUs from the inventory (NVML, else nvidia-smi); ``driver_text``:
+    ``/proc/driver/nvidia/version``, if readable; ``mps``: an MPS control pipe is set up.
+
+    Process snapshots of a GPU workload need driver >= 570, a restore onto another GPU
+    >= 580; MIG and MPS are refused (the driver cannot checkpoint their clients)."""
+    loaded = parse_nvidia_driver_version(driver_text) if driver_text else None
+    if inv.source is gpus_mod.Source.NONE:
+        if loaded is None:
+            return Check("nvidia", Status.OK, "no NVIDIA GPU"), ()
+        return (Check("nvidia", Status.WARN, f"driver {loaded} loaded but no GPU inventory: "
+                      f"{inv.note}", "install cairn-resume[gpu] (pynvml) or nvidia-smi in the "
+                      "image, and check that the GPUs are visible to this container"), ())
+    shown = tuple(Gpu(d.name, d.memory_used, d.memory_total) for d in inv.devices)
+    driver = inv.driver or loaded or "unknown"
+    via = "NVML" if inv.source is gpus_mod.Source.NVML else f"nvidia-smi ({inv.note})"
+    listing = "; ".join(f"{d.name} {human_bytes(d.memory_used)} / {human_bytes(d.memory_total)}"
+                        f" used" + (" MIG" if d.mig else "") for d in inv.devices)
+    detail = f"driver {driver}; {len(inv.devices)} GPU(s) via {via}: {listing or 'none visible'}"
+    major = inv.driver_major
+    if inv.devices and (major is None or major < gpus_mod.MIN_DRIVER):
+        return (Check("nvidia", _lacking(preflight), f"{detail}; GPU process snapshots need "
+                      f"driver >= {gpus_mod.MIN_DRIVER}",
+                      f"use a node image with NVIDIA driver >= {gpus_mod.REMAP_DRIVER}, or "
+                      "state mode (cairn.Checkpointer)"), shown)
+    refused = [f"MIG is enabled on GPU {d.index}" for d in inv.devices if d.mig]
+    if mps:
+        refused.append("MPS is in use (a control pipe is set up)")
+    if refused:
+        return (Check("nvidia", _lacking(preflight), f"{detail}; {'; '.join(refused)}: the "
+                      "driver cannot checkpoint MIG or MPS clients",
+                      "run on whole GPUs without MIG or MPS, or use state mode "
+                      "(cairn.Checkpointer)"), shown)
+    if inv.devices and not inv.can_remap:
+        return (Check("nvidia", Status.WARN, f"{detail}; process snapshots: yes; restore onto "
+                      f"another GPU: no (needs driver >= {gpus_mod.REMAP_DRIVER}), so a retry "
+                      "on another node starts fresh",
+                      f"use a node image with NVIDIA driver >= {gpus_mod.REMAP_DRIVER}"), shown)
+    if inv.devices:
+        detail += "; process snapshots: yes; restore onto another GPU: yes"
+    return Check("nvidia", Status.OK, detail), shown
+
+
+def mps_in_use(environ: Mapping[str, str] | None = None) -> bool:
+    """An MPS control daemon's pipe directory exists (``CUDA_MPS_PIPE_DIRECTORY``, default
+    ``/tmp/nvidia-mps``): CUDA clients here would connect to it."""
+    pipes = (os.environ if environ is None else environ).get("CUDA_MPS_PIPE_DIRECTORY",
+                                                             "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipes, "control"))
 
 
 def check_memory(meminfo_text: str | None, gpus: Iterable[Gpu], *, preflight: bool,
@@ -490,17 +491,6 @@ def probe_writable(path: str) -> str | None:
         return f"{errno.errorcode.get(e.errno or 0, 'error')} ({e.strerror})"
     os.close(fd)
     return None
-
-
-def _run_nvidia_smi(smi: str) -> tuple[str | None, str]:
-    try:
-        done = subprocess.run([smi, *NVIDIA_SMI_QUERY], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, str(e)
-    if done.returncode != 0:
-        return None, (done.stdout + done.stderr).strip() or f"exit {done.returncode}"
-    return done.stdout, ""
 
 
 def cgroup_memory(read: Reader = read_text) -> CgroupMemory | None:
@@ -552,9 +542,9 @@ def run_doctor(*, preflight: bool = False, read: Reader = read_text,
     mounts = read("/proc/self/mounts")
     checks.append(check_cgroup(mounts))
 
-    smi = shutil.which("nvidia-smi")
-    smi_output, smi_error = _run_nvidia_smi(smi) if smi else (None, "")
-    nvidia, gpus = check_nvidia(smi, smi_output, smi_error, read("/proc/driver/nvidia/version"))
+    nvidia, gpus = check_nvidia(gpus_mod.inventory(environ=env),
+                                read("/proc/driver/nvidia/version"), preflight=preflight,
+                                mps=mps_in_use(env))
     checks.append(nvidia)
 
     cgroup = cgroup_memory(read)

@@ -57,11 +57,14 @@ from cairn.exceptions import (
     Fenced,
     NotFound,
     NotSnapshottable,
+    ProcessError,
     StoreError,
 )
 from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
+from cairn.process import gpu_map as gpu_map_mod
+from cairn.process import gpus as gpus_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import spool as spool_mod
@@ -161,6 +164,11 @@ def _prctl(option: int, arg: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def _gpu_text(stall_s: float) -> str:
+    """The GPU stall (lock -> unlock) for a snapshot's log line, beside CRIU's frozen time."""
+    return f", GPU stalled {stall_s * 1000:.0f} ms (lock to unlock)" if stall_s else ""
+
+
 def _describe_pid(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -208,6 +216,7 @@ class Supervisor:
         self._echo: LogEcho | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here
+        self._gpu_use: gpus_mod.GpuUse | None = None  # the workload's, at the last dump check
         self._notice: channel.Notice | None = None
         self._status = channel.Status(pid=os.getpid(), started_at=time.time())
         self._status_failed = False
@@ -352,7 +361,7 @@ class Supervisor:
         for info in snapshots:
             manifest = info.manifest
             differences = compat_mod.differences(manifest.metadata.get("compat") or {},
-                                                 self._compat)
+                                                 self._compat, gpu_map=self._gpu_map())
             if differences:
                 reason = (f"snapshot seq {manifest.seq} does not fit: " + "; ".join(differences))
                 break
@@ -421,7 +430,19 @@ class Supervisor:
             api = self._cuda_api()
             if api is None:
                 raise CriuFailed("the snapshot holds GPU state and libcuda cannot be loaded here")
-            cuda_mod.resume_restored(api, gpu)
+            plan = compat_mod.gpu_plan(manifest.metadata.get("compat") or {}, self._compat,
+                                       gpu_map=self._gpu_map())
+            if plan.pairs:
+                log.warning("restoring the GPU state onto other GPUs: %s",
+                            ", ".join(f"{o} -> {n}" for o, n in plan.pairs))
+            try:
+                cuda_mod.resume_restored(api, gpu, pairs=plan.pairs)
+            except ProcessError as e:
+                # CRIU put the tree back, the driver did not: it cannot run. Kill it.
+                self._kill_restored_tree(self.child)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(self.child, 0)
+                raise CriuFailed(f"the GPU state did not come back: {e}") from e
         self._attempt.resume_from(manifest)
         self._runtime_base = float(snap_mod.process_info(manifest).get("runtime_s") or 0.0)
         tree = workload.process_tree(self.child)
@@ -578,7 +599,8 @@ class Supervisor:
             else:
                 gpu = cuda_mod.cuda_pids(api, tree)
                 if gpu:
-                    cuda_mod.check_fits(cuda_mod.gpu_memory_in_use())
+                    self._gpu_use = gpus_mod.inventory().use_of(tree)
+                    cuda_mod.check_fits(self._gpu_use.total)
         if problems:
             raise NotSnapshottable("cannot snapshot the workload:\n  " +
                                    "\n  ".join(str(p) for p in problems))
@@ -610,6 +632,10 @@ class Supervisor:
         finally:
             os.close(fd)
 
+    def _gpu_map(self) -> dict[str, str]:
+        """``CAIRN_GPU_MAP``, parsed (a malformed one raises ConfigError)."""
+        return gpu_map_mod.parse_gpu_map(env.GPU_MAP.get())
+
     def _cuda_api(self) -> cuda_mod.CudaCheckpoint | None:
         if self._cuda is None:
             self._cuda = cuda_mod.CudaCheckpoint.load() or False
@@ -624,7 +650,8 @@ class Supervisor:
                      if h.get("entry") is None), None)
         estimate = None
         if last is None:
-            estimate = workload.resident_bytes(tree) + (cuda_mod.gpu_memory_in_use() if gpu else 0)
+            estimate = workload.resident_bytes(tree) + (
+                self._gpu_use.total if gpu and self._gpu_use else 0)
         choice = staging_mod.choose_staging(self.settings.staging, image_bytes=last,
                                             estimate_bytes=estimate,
                                             memory_dir=self._memory_staging,
@@ -657,6 +684,7 @@ class Supervisor:
         image_dir: str | None = None
         entry: str | None = None
         handed = False
+        gpu_stall_s = 0.0
         try:
             tree = workload.process_tree(self.child)
             tracked, gpu = self._check_dumpable(tree)
@@ -669,16 +697,24 @@ class Supervisor:
             if gpu:
                 api = self._cuda_api()
                 assert api is not None
-                with cuda_mod.suspended(api, gpu, resume=leave_running):
+                # The lock waits at most a share of the time left (the final dump's budget).
+                lock_ms = cuda_mod.lock_timeout_ms(started + timeout - time.monotonic())
+                stall = cuda_mod.GpuStall()
+                with cuda_mod.suspended(api, gpu, resume=leave_running, lock_timeout_ms=lock_ms,
+                                        stall=stall):
                     criu_mod.dump(self._criu, self.child, image_dir,
                                   leave_running=leave_running,
-                                  ghost_limit=self.settings.ghost_limit, timeout=timeout)
+                                  ghost_limit=self.settings.ghost_limit,
+                                  timeout=max(1.0, started + timeout - time.monotonic()))
+                gpu_stall_s = stall.total_s
             else:
                 criu_mod.dump(self._criu, self.child, image_dir, leave_running=leave_running,
                               ghost_limit=self.settings.ghost_limit, timeout=timeout)
             dumped = time.monotonic()
             staged = snap_mod.directory_bytes(image_dir)
             self.cost.peak_staging_bytes = max(self.cost.peak_staging_bytes, staged)
+            compat = (compat_mod.with_gpu_use(self._compat, self._gpu_use.per_gpu)
+                      if gpu and self._gpu_use else self._compat)
             info = {"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
                     "leave_running": leave_running, "runtime_s": round(runtime, 3)}
             if self._spool is not None and entry is not None:
@@ -686,13 +722,13 @@ class Supervisor:
                 self._spool.spool.hand_off(
                     entry, key=self.key, store=self._store.url, epoch=self._attempt.epoch,
                     last_seq=self._attempt.log.last_seq, parent_seq=self._last_committed_seq(),
-                    compat=self._compat, info=info, tracked_paths=tracked,
+                    compat=compat, info=info, tracked_paths=tracked,
                     roots=self._track_roots)
                 handed = True
-                return self._spooled(entry, started, dumped, staged, frozen_us)
+                return self._spooled(entry, started, dumped, staged, frozen_us, gpu_stall_s)
             report = snap_mod.ingest(self._attempt, image_dir, tracked_paths=tracked,
                                      roots=self._track_roots,
-                                     compat=self._compat, info=info)
+                                     compat=compat, info=info)
         except Fenced:
             raise
         except (CairnError, OSError) as e:
@@ -710,6 +746,7 @@ class Supervisor:
         done = time.monotonic()
         self.cost.seconds = done - started
         figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
+                   "gpu_stall_ms": round(gpu_stall_s * 1000, 1),
                    "dump_s": round(dumped - started, 3), "ingest_s": round(done - dumped, 3),
                    "image_bytes": report.image_bytes, "bytes_written": report.bytes_written,
                    "staging_bytes": staged,
@@ -717,32 +754,37 @@ class Supervisor:
         self.cost.history.append(figures)
         st = self._status
         self._report(snapshots=st.snapshots + 1, frozen_seconds=st.frozen_seconds +
-                     report.frozen_us / 1e6, stall_seconds=st.stall_seconds + dumped - started,
+                     report.frozen_us / 1e6, gpu_stall_seconds=st.gpu_stall_seconds + gpu_stall_s,
+                     stall_seconds=st.stall_seconds + dumped - started,
                      bytes_written=st.bytes_written + report.bytes_written,
                      last_seq=report.manifest.seq, last_success_at=time.time())
-        log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU), image %.1f MB, written "
+        log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU)%s, image %.1f MB, written "
                     "%.1f MB (%.0f%%), staging %.1f MB in %s, dump %.2fs + ingest %.2fs",
-                    report.manifest.seq, report.frozen_us / 1000, report.image_bytes / 1e6,
+                    report.manifest.seq, report.frozen_us / 1000, _gpu_text(gpu_stall_s),
+                    report.image_bytes / 1e6,
                     report.bytes_written / 1e6,
                     100 * report.bytes_written / max(report.image_bytes, 1), staged / 1e6,
                     figures["staging"], dumped - started, done - dumped)
         return _Saved(seq=report.manifest.seq)
 
     def _spooled(self, entry: str, started: float, dumped: float, staged: int,
-                 frozen_us: int) -> _Saved:
+                 frozen_us: int, gpu_stall_s: float = 0.0) -> _Saved:
         """Account for a dump handed to the uploader. Its cost — what a final snapshot's
         budget must cover — is the dump and the hand-off, not the upload."""
         done = time.monotonic()
         self.cost.seconds = done - started
         self.cost.history.append({"entry": entry, "seq": None, "frozen_ms": frozen_us / 1000,
+                                  "gpu_stall_ms": round(gpu_stall_s * 1000, 1),
                                   "dump_s": round(dumped - started, 3),
                                   "handoff_s": round(done - dumped, 3), "image_bytes": staged,
                                   "bytes_written": 0, "staging_bytes": staged})
         st = self._status
         self._report(spooled=st.spooled + 1, frozen_seconds=st.frozen_seconds + frozen_us / 1e6,
+                     gpu_stall_seconds=st.gpu_stall_seconds + gpu_stall_s,
                      stall_seconds=st.stall_seconds + dumped - started)
-        log.warning("snapshot spooled as entry %s: frozen %.0f ms (CRIU), image %.1f MB, dump "
+        log.warning("snapshot spooled as entry %s: frozen %.0f ms (CRIU)%s, image %.1f MB, dump "
                     "%.2fs + hand-off %.2fs; the sidecar uploads it", entry, frozen_us / 1000,
+                    _gpu_text(gpu_stall_s),
                     staged / 1e6, dumped - started, done - dumped)
         return _Saved(entry=entry)
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from cairn.runtime.env import CUDA_LIBRARY
 
 O_ACCMODE = 0o3
 O_APPEND = 0o2000
@@ -181,16 +184,20 @@ def established_tcp(files: list[OpenFile]) -> list[Problem]:
     return problems
 
 
-def gpu_pids(pids: list[int]) -> list[int]:
-    """Processes that map an NVIDIA device (``/dev/nvidia*``): they hold GPU state."""
+def gpu_pids(pids: list[int], *, environ: Mapping[str, str] | None = None) -> list[int]:
+    """Processes that may hold GPU state: they map an NVIDIA device (``/dev/nvidia*``) or the
+    CUDA driver library (``CAIRN_CUDA_LIBRARY``'s file name; the tests' fake driver maps no
+    device). The driver's ``cuCheckpointProcessGetState`` then says which hold a context."""
+    library = os.path.basename(CUDA_LIBRARY.get(environ) or "libcuda.so.1")
     out = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
-                if "/dev/nvidia" in f.read():
-                    out.append(pid)
+                maps = f.read()
         except OSError:
             continue
+        if "/dev/nvidia" in maps or f"/{library}" in maps:
+            out.append(pid)
     return out
 
 

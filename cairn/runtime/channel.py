@@ -128,6 +128,7 @@ class Status:
     failures: int = 0
     frozen_seconds: float = 0.0
     stall_seconds: float = 0.0  # dump wall time: what a snapshot costs the workload end to end
+    gpu_stall_seconds: float = 0.0  # process mode: GPU work stopped, CUDA lock to unlock
     bytes_written: int = 0
     spooled: int = 0  # dumps handed to the sidecar's uploader (cairn run --spool)
     last_seq: int | None = None

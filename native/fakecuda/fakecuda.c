@@ -16,7 +16,9 @@
  *
  * The driver is called by the supervisor about *another* process, so per-process state
  * lives in files under $FAKECUDA_STATE_DIR (one per pid, under an flock), where a workload
- * puts itself with fakecudaRegister(). Settings, read at each call:
+ * puts itself with fakecudaRegister(). The real driver's state lives in the process, so a
+ * process CRIU restores comes back CHECKPOINTED; the fake tells a restored process by its
+ * start time, which a restore cannot keep. Settings, read at each call:
  *   FAKECUDA_STATE_DIR  the shared state directory (required for the checkpoint calls)
  *   FAKECUDA_GPUS       this node's GPUs: "UUID,NAME,TOTAL_BYTES[,USED_BYTES[,CC[,MIG]]];..."
  *   FAKECUDA_DRIVER     driver version text (default 580.65.06); <580 cannot remap
@@ -26,6 +28,8 @@
  *                       for CUDA_ERROR_NOT_SUPPORTED); nvmlInit too
  *   FAKECUDA_HANG       "call,..." make a call hang: a lock until its timeout (then
  *                       CUDA_ERROR_TIMEOUT), others FAKECUDA_HANG_MS (default 600000)
+ *   FAKECUDA_CONTROL    a file whose lines "fail=call=code,..." and "hang=call,..." add to
+ *                       the two above, read at each call (to change them mid-run)
  *   FAKECUDA_RECORD     a file to which each call appends one JSON line of its arguments
  */
 #define _GNU_SOURCE
@@ -99,6 +103,7 @@ struct gpu {
 
 struct proc {
     int state;
+    unsigned long long start;  /* the process's start time (/proc/PID/stat field 22) */
     int ngpus;
     char uuid[MAX_GPUS][MAX_TEXT];
     unsigned long long bytes[MAX_GPUS];
@@ -150,9 +155,29 @@ static int find_gpu(struct gpu *gpus, int n, const char *uuid) {
     return -1;
 }
 
-/* FAKECUDA_FAIL: the code to return for `call`, or 0. */
+/* FAKECUDA_FAIL or FAKECUDA_HANG, followed by the line "fail=..." or "hang=..." of the file
+ * FAKECUDA_CONTROL (read at each call, so a test can change it while a run goes on). */
+static void setting(const char *name, const char *control_key, char *out, size_t size) {
+    snprintf(out, size, "%s", env(name, ""));
+    const char *path = getenv("FAKECUDA_CONTROL");
+    FILE *f = path && *path ? fopen(path, "re") : NULL;
+    if (!f) return;
+    char line[1024];
+    size_t klen = strlen(control_key);
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, control_key, klen) == 0 && line[klen] == '=') {
+            size_t used = strlen(out);
+            snprintf(out + used, size - used, "%s%s", used ? "," : "", line + klen + 1);
+        }
+    }
+    fclose(f);
+}
+
+/* The code to return for `call` (FAKECUDA_FAIL "call=code,..."), or 0. */
 static int injected_failure(const char *call) {
-    const char *spec = env("FAKECUDA_FAIL", "");
+    char spec[2048];
+    setting("FAKECUDA_FAIL", "fail", spec, sizeof spec);
     size_t len = strlen(call);
     for (const char *p = spec; (p = strstr(p, call)) != NULL; p += len) {
         if ((p == spec || p[-1] == ',') && p[len] == '=') return atoi(p + len + 1);
@@ -160,8 +185,10 @@ static int injected_failure(const char *call) {
     return 0;
 }
 
+/* Whether `call` is to hang (FAKECUDA_HANG "call,..."). */
 static int hangs(const char *call) {
-    const char *spec = env("FAKECUDA_HANG", "");
+    char spec[2048];
+    setting("FAKECUDA_HANG", "hang", spec, sizeof spec);
     size_t len = strlen(call);
     for (const char *p = spec; (p = strstr(p, call)) != NULL; p += len) {
         if ((p == spec || p[-1] == ',') && (p[len] == ',' || p[len] == '\0')) return 1;
@@ -214,19 +241,51 @@ static void unlock_dir(int fd) {
     if (fd >= 0) { flock(fd, LOCK_UN); close(fd); }
 }
 
-/* Reads `pid`'s state file: "STATE\nUUID BYTES CHIP NAME\n...". 0 on success. */
+/* The start time of `pid` in clock ticks since boot; 0 when it does not exist. */
+static unsigned long long start_time(int pid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');  /* the command may hold spaces and parentheses */
+    if (!p) return 0;
+    unsigned long long value = 0;
+    int field = 2;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+        if (++field == 22) { value = strtoull(tok, NULL, 10); break; }
+    }
+    return value;
+}
+
+static int save_proc(int pid, const struct proc *p);
+
+/* Reads `pid`'s state file: "STATE START\nUUID BYTES CHIP NAME\n...". 0 on success. A
+ * process that is gone has no state; one restored by CRIU is CHECKPOINTED. */
 static int load_proc(int pid, struct proc *p) {
     char path[4096];
     if (state_path(pid, path, sizeof path)) return -1;
     FILE *f = fopen(path, "re");
     if (!f) return -1;
     memset(p, 0, sizeof *p);
-    if (fscanf(f, "%d", &p->state) != 1) { fclose(f); return -1; }
+    if (fscanf(f, "%d %llu", &p->state, &p->start) != 2) { fclose(f); return -1; }
     while (p->ngpus < MAX_GPUS &&
            fscanf(f, " %127s %llu %127[^\n]", p->uuid[p->ngpus], &p->bytes[p->ngpus],
                   p->chip[p->ngpus]) == 3)
         p->ngpus++;
     fclose(f);
+    unsigned long long now = start_time(pid);
+    if (now == 0) return -1;  /* the process is gone */
+    if (now != p->start) {
+        /* Another process with the same PID: CRIU restored it, from an image dumped while
+         * it was CHECKPOINTED (CRIU cannot dump live GPU state), so that is its state now,
+         * whatever happened to the process it was dumped from. */
+        p->state = CU_PROCESS_STATE_CHECKPOINTED;
+        p->start = now;
+        save_proc(pid, p);
+    }
     return 0;
 }
 
@@ -236,7 +295,7 @@ static int save_proc(int pid, const struct proc *p) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "we");
     if (!f) return -1;
-    fprintf(f, "%d\n", p->state);
+    fprintf(f, "%d %llu\n", p->state, p->start);
     for (int i = 0; i < p->ngpus; i++) fprintf(f, "%s %llu %s\n", p->uuid[i], p->bytes[i], p->chip[i]);
     fclose(f);
     return rename(tmp, path);
@@ -490,6 +549,7 @@ int fakecudaRegister(const char *spec) {
         snprintf(p.chip[p.ngpus], MAX_TEXT, "%s", gpus[g].name);
         p.bytes[p.ngpus++] = strtoull(eq + 1, NULL, 10);
     }
+    p.start = start_time((int)getpid());
     int fd = lock_dir();
     if (fd < 0) return -1;
     int rc = save_proc((int)getpid(), &p);

@@ -18,6 +18,12 @@ def _gpu_ready() -> bool:
     if not can_run_criu() or shutil.which("nvidia-smi") is None:
         return False
     try:
+        import torch
+    except ImportError:
+        return False
+    if not torch.cuda.is_available():  # the CPU build of torch, or no usable GPU
+        return False
+    try:
         return CudaCheckpoint.load() is not None
     except Exception:  # noqa: BLE001 - an old driver: not ready
         return False
@@ -25,7 +31,7 @@ def _gpu_ready() -> bool:
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not _gpu_ready(), reason="needs an NVIDIA GPU, driver >= 570, "
-                                 "root and criu")]
+                                 "torch with CUDA, root and criu")]
 
 SCRIPT = """
 import sys, time, torch

@@ -128,7 +128,8 @@ def test_illegal_transitions_are_state_errors(api, fake_driver, workloads) -> No
 def test_an_unknown_state_is_a_clear_error(api, fake_driver, workloads) -> None:
     w = workloads({UUID_A: GIB})
     path = fake_driver.state_dir / str(w.pid)
-    path.write_text("7\n" + "\n".join(path.read_text().splitlines()[1:]) + "\n")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([f"7 {lines[0].split()[1]}", *lines[1:]]) + "\n")
     with pytest.raises(cuda.GpuStateError, match="unknown state 7"):
         api.state(w.pid)
 

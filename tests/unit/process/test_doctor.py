@@ -36,10 +36,11 @@ from cairn.process.doctor import (
     parse_kernel_release,
     parse_meminfo,
     parse_nvidia_driver_version,
-    parse_nvidia_smi,
     parse_seccomp,
+    mps_in_use,
     run_doctor,
 )
+from cairn.process.gpus import GpuDevice, Inventory, Source
 
 GiB = 1 << 30
 
@@ -240,31 +241,48 @@ def test_parse_cgroup_version(mounts: str, expected: CgroupVersion) -> None:
 
 # -- NVIDIA ------------------------------------------------------------------------------------
 
-def test_parse_nvidia_smi_csv() -> None:
-    gpus = parse_nvidia_smi("NVIDIA H200, 1024, 143771\nNVIDIA A100-SXM4-80GB, [N/A], 81920\n\n")
-    assert gpus == (Gpu("NVIDIA H200", 1024 << 20, 143771 << 20),
-                    Gpu("NVIDIA A100-SXM4-80GB", None, 81920 << 20))
-    assert parse_nvidia_smi("Odd, Name, GPU, 1, 2")[0].name == "Odd, Name, GPU"
-    assert parse_nvidia_smi("") == ()
-    with pytest.raises(ValueError, match="unexpected nvidia-smi line"):
-        parse_nvidia_smi("No devices were found")
-
-
 def test_parse_nvidia_driver_version() -> None:
     assert parse_nvidia_driver_version(NVIDIA_VERSION) == "550.54.15"
     assert parse_nvidia_driver_version("garbage") is None
 
 
-def test_nvidia_check() -> None:
-    none, gpus = check_nvidia(None, None, "", None)
+def _inventory(*devices: GpuDevice, driver: str = "580.65.06") -> Inventory:
+    return Inventory(Source.NVML, devices, driver, 13000)
+
+
+H200 = GpuDevice(0, "GPU-aa", "NVIDIA H200", 143771 << 20, 2 * GiB, "9.0")
+
+
+def test_nvidia_check_reports_what_the_driver_allows() -> None:
+    none, gpus = check_nvidia(Inventory(Source.NONE), None, preflight=True)
     assert (none.status, none.detail, gpus) == (Status.OK, "no NVIDIA GPU", ())
-    ok, gpus = check_nvidia("/usr/bin/nvidia-smi", "NVIDIA H200, 2048, 143771\n", "", NVIDIA_VERSION)
-    assert ok.status is Status.OK and "driver 550.54.15; 1 GPU(s): NVIDIA H200 2.0 GiB" in ok.detail
-    assert gpus[0].memory_used_bytes == 2 * GiB
-    broken, _ = check_nvidia("/usr/bin/nvidia-smi", None, "couldn't communicate with the driver", None)
-    assert broken.status is Status.WARN and "couldn't communicate" in broken.detail
-    no_smi, _ = check_nvidia(None, None, "", NVIDIA_VERSION)
-    assert no_smi.status is Status.WARN and "nvidia-smi" in no_smi.fix
+    ok, gpus = check_nvidia(_inventory(H200), NVIDIA_VERSION, preflight=True)
+    assert ok.status is Status.OK
+    assert ok.detail.startswith("driver 580.65.06; 1 GPU(s) via NVML: NVIDIA H200 2.0 GiB")
+    assert "restore onto another GPU: yes" in ok.detail
+    assert gpus == (Gpu("NVIDIA H200", 2 * GiB, 143771 << 20),)
+    no_remap, _ = check_nvidia(_inventory(H200, driver="570.86.10"), None, preflight=True)
+    assert no_remap.status is Status.WARN and "needs driver >= 580" in no_remap.detail
+    too_old, _ = check_nvidia(_inventory(H200, driver="550.54.15"), None, preflight=True)
+    assert too_old.status is Status.FAIL and "need driver >= 570" in too_old.detail
+    unseen, _ = check_nvidia(Inventory(Source.NONE, note="NVML failed: x"), NVIDIA_VERSION,
+                             preflight=False)
+    assert unseen.status is Status.WARN and "pynvml" in unseen.fix
+
+
+def test_mig_and_mps_are_refused() -> None:
+    mig = GpuDevice(1, "GPU-bb", "NVIDIA H200", 143771 << 20, 0, "9.0", mig=True)
+    refused, _ = check_nvidia(_inventory(H200, mig), None, preflight=True)
+    assert refused.status is Status.FAIL and "MIG is enabled on GPU 1" in refused.detail
+    assert "state mode" in refused.fix
+    warned, _ = check_nvidia(_inventory(H200), None, preflight=False, mps=True)
+    assert warned.status is Status.WARN and "MPS is in use" in warned.detail
+
+
+def test_mps_is_seen_by_its_control_pipe(tmp_path) -> None:
+    assert not mps_in_use({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
+    (tmp_path / "control").touch()
+    assert mps_in_use({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)})
 
 
 # -- versions and CRIU -------------------------------------------------------------------------

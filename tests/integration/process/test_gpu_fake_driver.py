@@ -1,0 +1,151 @@
+"""``cairn run`` dumps and restores, with real CRIU, of a workload that registered with the
+FAKE CUDA driver (native/fakecuda, loaded through CAIRN_CUDA_LIBRARY): the driver calls
+around each dump and restore go through cairn's real ctypes path, and the fake records what
+it received. No GPU is involved; scripts/gpu_check.py is the check on a real one."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cairn_run import CairnRun, can_run_criu, descendants, gone, metric_steps, \
+    wait_for
+from tests.support.fakecuda import GIB, UUID_A, UUID_B, FakeDriver, Gpu, fake_library
+
+WORKLOAD = Path(__file__).resolve().parents[2] / "support" / "fake_gpu_workload.py"
+STEPS = 300
+MOVES = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+         "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
+]
+
+
+@pytest.fixture()
+def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.chdir(tmp_path)  # the metrics file is in the working directory, a track root
+    work = tmp_path / "workspace"
+    work.mkdir()
+    driver = FakeDriver(tmp_path, fake_library())
+    return {"store": str(tmp_path / "store"), "work": work, "logs": tmp_path / "logs",
+            "metrics": work / "metrics.txt", "driver": driver,
+            "control": tmp_path / "fakecuda-control"}
+
+
+def _run(place: dict, *gpus: Gpu, grace: str = "30s", **env: str) -> CairnRun:
+    driver: FakeDriver = place["driver"]
+    full = {**driver.env, **driver.gpus(*gpus), "FAKE_GPU_MEMORY": f"{UUID_A}={2 * GIB}",
+            "FAKECUDA_CONTROL": str(place["control"]), **env}
+    return CairnRun(store=place["store"], key="gpu/fake/1",
+                    command=[sys.executable, str(WORKLOAD), str(place["metrics"]), str(STEPS),
+                             "0.02"],
+                    workdir=place["work"] / "cairn", logs=place["logs"], every="1s",
+                    grace=grace, env=full)
+
+
+def _after_snapshots(run: CairnRun, count: int) -> None:
+    wait_for(lambda: len(run.committed()) >= count or run.proc.poll() is not None, 120,
+             f"{count} snapshot(s)")
+    assert run.proc.poll() is None, run.stderr
+
+
+def _killed(run: CairnRun) -> None:
+    tree = descendants(run.proc.pid)
+    run.kill()
+    wait_for(lambda: all(gone(p) for p in tree), 30, "the workload to die with its supervisor")
+
+
+def _moves(driver: FakeDriver, caller: int | None = None) -> list[str]:
+    return [c["call"].removeprefix("cuCheckpointProcess") for c in driver.calls(*MOVES)
+            if c["rc"] == 0 and (caller is None or c["caller"] == caller)]
+
+
+def test_dumps_lock_checkpoint_restore_unlock_and_a_retry_remaps(place: dict) -> None:
+    driver: FakeDriver = place["driver"]
+    first = _run(place, Gpu(UUID_A))
+    try:
+        _after_snapshots(first, 2)
+        workload_pid = first.child_pid()
+    finally:
+        _killed(first)
+    # Each periodic dump: lock, checkpoint, CRIU, then restore and unlock (leave running),
+    # the lock's timeout half the dump's time left (at most 60 s), onto the same GPU.
+    periodic = _moves(driver, first.proc.pid)
+    assert len(periodic) >= 8 and periodic[:8] == ["Lock", "Checkpoint", "Restore", "Unlock"] * 2
+    locks = driver.calls("cuCheckpointProcessLock")
+    assert {c["timeout_ms"] for c in locks} == {60_000} and {c["pid"] for c in locks} == {
+        workload_pid}
+    assert all(c["pairs"] == [] for c in driver.calls("cuCheckpointProcessRestore"))
+
+    # The retry lands on a node whose GPU has another UUID.
+    second = _run(place, Gpu(UUID_B))
+    assert second.wait(120) == 0, second.stderr
+    assert "restored snapshot seq" in second.stderr, second.stderr
+    assert f"onto other GPUs: {UUID_A} -> {UUID_B}" in second.stderr
+    restores = [c for c in driver.calls("cuCheckpointProcessRestore")
+                if c["caller"] == second.proc.pid]
+    assert restores[0]["pairs"] == [[UUID_A, UUID_B]] and restores[0]["rc"] == 0
+    assert _moves(driver, second.proc.pid)[:2] == ["Restore", "Unlock"]
+    assert driver.gpus_of(workload_pid) == [UUID_B]
+    assert metric_steps(place["metrics"]) == list(range(STEPS))  # resumed, none lost
+
+
+def test_a_driver_too_old_to_remap_starts_fresh_with_the_reason(place: dict) -> None:
+    old = "570.133.20"
+    first = _run(place, Gpu(UUID_A), FAKECUDA_DRIVER=old)
+    try:
+        _after_snapshots(first, 1)
+    finally:
+        _killed(first)
+    second = _run(place, Gpu(UUID_B), FAKECUDA_DRIVER=old, FAKE_GPU_MEMORY=f"{UUID_B}={GIB}")
+    assert second.wait(120) == 0, second.stderr
+    fresh = re.search(r"starting fresh: snapshot seq \d+ does not fit: (.*)", second.stderr)
+    assert fresh, second.stderr
+    assert fresh.group(1) == (f"the snapshot's GPUs are not here ({UUID_A} -> {UUID_B}) and "
+                              f"driver {old} cannot restore onto other GPUs (that needs 580+)")
+    # Nothing of the snapshot was handed to the driver: only the fresh workload's own dumps.
+    fresh_pid = second.child_pid()
+    assert all(c["pid"] == fresh_pid and c["pairs"] == []
+               for c in place["driver"].calls("cuCheckpointProcessRestore")
+               if c["caller"] == second.proc.pid)
+    assert metric_steps(place["metrics"])[-STEPS:] == list(range(STEPS))  # from step 0
+
+
+def test_a_failed_checkpoint_keeps_the_previous_snapshot(place: dict) -> None:
+    run = _run(place, Gpu(UUID_A))
+    try:
+        _after_snapshots(run, 1)
+        kept = run.snapshots()
+        place["control"].write_text("fail=cuCheckpointProcessCheckpoint=999\n")
+        wait_for(lambda: "snapshot failed" in run.stderr, 30, "a failed snapshot")
+        assert "may be unusable" in run.stderr, run.stderr
+        assert run.snapshots()[-1] == kept[-1]  # the last committed snapshot stands
+    finally:
+        _killed(run)
+
+
+def test_gpu_memory_the_host_cannot_hold_is_refused_before_the_dump(place: dict) -> None:
+    run = _run(place, Gpu(UUID_A, total=1 << 50), FAKE_GPU_MEMORY=f"{UUID_A}={1 << 49}")
+    try:
+        wait_for(lambda: "snapshot failed" in run.stderr, 60, "a refused snapshot")
+        assert "of host RAM is available for the checkpoint copy" in run.stderr, run.stderr
+        assert place["driver"].calls("cuCheckpointProcessLock") == []  # nothing was stopped
+    finally:
+        _killed(run)
+
+
+def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> None:
+    run = _run(place, Gpu(UUID_A), grace="4s")
+    _after_snapshots(run, 1)
+    place["control"].write_text("hang=cuCheckpointProcessLock\n")
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 76, run.stderr  # preempted, the previous snapshot kept
+    final_lock = place["driver"].calls("cuCheckpointProcessLock")[-1]
+    assert final_lock["rc"] == 909 and 0 < final_lock["timeout_ms"] <= 2000, final_lock
+    assert "did not stop within" in run.stderr
