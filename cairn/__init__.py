@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.version import __version__
 
 if TYPE_CHECKING:
-    from cairn.exceptions import CairnError, ConfigError, Fenced, GaveUp, Preempted
+    from cairn.exceptions import CairnError, ConfigError, Fenced, GaveUp, Preempted, Suspended
     from cairn.policy.resume import AfterTry, ResumeOn, ResumePolicy
     from cairn.state.checkpointer import Checkpointer, PersistMode, WhenBusy
     from cairn.store import Key, Store, open_store
@@ -38,6 +38,7 @@ _PUBLIC = {
     "Fenced": "cairn.exceptions",
     "GaveUp": "cairn.exceptions",
     "Preempted": "cairn.exceptions",
+    "Suspended": "cairn.exceptions",
 }
 
 __all__ = sorted([*_PUBLIC, "__version__"])

@@ -77,6 +77,22 @@ class Preempted(CairnError):
         self.seq = seq
 
 
+class Suspended(CairnError, SystemExit):
+    """A suspend request was honoured: the final snapshot ``seq`` was committed and the try
+    stops, to resume from it once a resume is asked for (``cairn resume``).
+
+    Also a :class:`SystemExit` whose ``code`` is the suspended exit code
+    (:mod:`cairn.runtime.exits`), given by whoever raises it: a script that lets it propagate
+    exits with that code, which is how an unmodified ``python train.py`` tells its
+    orchestrator "suspended" rather than "failed". ``except Exception`` still catches it.
+    """
+
+    def __init__(self, message: str, *, code: int, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.seq = seq
+
+
 class PartsMissing(StoreError):
     """A distributed snapshot cannot be committed yet: some ranks' parts are not there."""
 

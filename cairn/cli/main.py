@@ -1,9 +1,10 @@
-"""``cairn``: put, get, list, inspect, verify, remove and garbage-collect snapshots.
+"""``cairn``: put, get, list, inspect, verify, remove and garbage-collect snapshots; suspend
+and resume a running step.
 
 Exit codes are stable (scripts may rely on them) and defined in :mod:`cairn.runtime.exits`:
 0 success, 1 internal error, 2 bad usage or input, 3 not found, 4 verification failed, 5
 fenced, 6 storage error, 7 host not ready (``doctor``), 75/76 ``run`` preempted with / without
-a final snapshot, 130 interrupted. ``cairn run`` otherwise exits with its command's own code
+a final snapshot, 77 ``run`` suspended on request, 130 interrupted. ``cairn run`` otherwise exits with its command's own code
 (128 + N if signal N killed it).
 
 Listing commands (``ls``, ``inspect``, ``verify``, ``gc``) accept ``--json``; so do ``put``
@@ -109,11 +110,15 @@ def _key_summary(store: Store, key: Key) -> dict[str, Any]:
     snaps = store.snapshots(key)
     last = records[-1] if records else None
     state = "done" if last is not None and last.kind is RecordKind.DONE else "active"
+    held = store.suspension(key)
+    if held is not None:
+        state = held.state.value
     newest = snaps[0].manifest if snaps else None
     return {
         "key": str(key),
         "components": list(key.components),
         "state": state,
+        "suspension": held.to_json() if held is not None else None,
         "snapshots": len(snaps),
         "latest_seq": newest.seq if newest else None,
         "latest_step": newest.step if newest else None,
@@ -125,11 +130,12 @@ def _key_summary(store: Store, key: Key) -> dict[str, Any]:
 def cmd_ls(args: argparse.Namespace, store: Store) -> int:
     if args.key is None:
         rows = [_key_summary(store, key) for key in store.keys()]
-        lines = [f"{'KEY':40} {'STATE':7} {'SNAPS':>5} {'SEQ':>5} {'STEP':>8} {'SIZE':>10}"]
+        lines = [f"{'KEY':40} {'STATE':16} {'SNAPS':>5} {'SEQ':>5} {'STEP':>8} {'SIZE':>10}"]
         for r in rows:
-            lines.append(f"{r['key']:40} {r['state']:7} {r['snapshots']:>5} "
+            lines.append(f"{r['key']:40} {r['state']:16} {r['snapshots']:>5} "
                          f"{_dash(r['latest_seq']):>5} {_dash(r['latest_step']):>8} "
                          f"{human_size(r['bytes_logical']):>10}")
+            lines += _suspension_lines(r["suspension"])
         _emit(args, rows, "\n".join(lines))
         return ExitCode.OK
     key = Key.parse(args.key)
@@ -149,8 +155,24 @@ def cmd_ls(args: argparse.Namespace, store: Store) -> int:
         lines.append(f"{r['seq']:>5} {r['kind']:5} {r['epoch']:>5} {r['created_at']:27} "
                      f"{_dash(r.get('step')):>8} {_size_or_dash(r.get('bytes_logical')):>10} "
                      f"{_size_or_dash(r.get('bytes_written')):>10}")
+    held = store.suspension(key)
+    lines += _suspension_lines(held.to_json() if held is not None else None)
+    # The JSON form stays a list of records (scripts read it); the suspension is in `ls --json`.
     _emit(args, rows, "\n".join(lines))
     return ExitCode.OK
+
+
+def _suspension_lines(held: dict[str, Any] | None) -> list[str]:
+    """Who asked for a suspension, when and why (and the resume), indented under its key."""
+    if held is None:
+        return []
+    why = f": {held['reason']}" if held["reason"] else ""
+    lines = [f"  {held['state']}: try {held['epoch']} asked by {held['by']} at {held['at']}{why}"]
+    if held["try_outcome"] is not None:
+        lines.append(f"  try {held['epoch']} ended {held['try_outcome']}")
+    if held["resumed_by"] is not None:
+        lines.append(f"  resume asked by {held['resumed_by']} at {held['resumed_at']}")
+    return lines
 
 
 def _dash(value: object) -> str:
@@ -218,6 +240,27 @@ def cmd_verify(args: argparse.Namespace, store: Store) -> int:
     return ExitCode.OK if report.ok else ExitCode.CORRUPT
 
 
+# -- suspend, resume -----------------------------------------------------------------------
+
+def cmd_request(args: argparse.Namespace, store: Store) -> int:
+    """``suspend`` or ``resume``: make the request, or show the one already made."""
+    key = Key.parse(args.key)
+    before = store.suspension(key)
+    if args.command == "suspend":
+        request = store.request_suspend(key, reason=args.reason)
+        made = before is None or before.suspend != request
+        then = ("the running try takes a final snapshot and stops at its next poll (state "
+                "mode: at the next step)")
+    else:
+        request = store.request_resume(key, reason=args.reason, placement=args.placement)
+        made = before is None or before.resume != request
+        then = "its next try resumes from the suspend snapshot"
+    what = "asked" if made else "was already asked"
+    _emit(args, {"key": str(key), **request.to_json(), "new": made},
+          f"{args.command} of {key} (try {request.epoch}) {what} by {request.by}; {then}")
+    return ExitCode.OK
+
+
 # -- rm, gc -----------------------------------------------------------------------------------
 
 def cmd_rm(args: argparse.Namespace, store: Store) -> int:
@@ -274,7 +317,8 @@ RUN_EPILOG = """exit codes of cairn run: the command's own when it ends by itsel
 signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed (with
 --spool: or handed to the sidecar, still uploading when the budget ran out); 76
 preempted and no final snapshot (it would not fit --grace, or it failed; the previous one is
-kept); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
+kept); 77 suspended on request (`cairn suspend`) with a final snapshot committed, or the key
+is suspended and the command was not started (`cairn resume` lifts it); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
 store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight).
 After the command exits 0 the key is marked done and its snapshots removed (--keep to keep)."""
 
@@ -300,7 +344,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             spool_dir=None if args.no_spool else (args.spool or None),
             spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"),
             staging=StagingMedium.parse(args.staging, source=f"--staging (or ${env.STAGING})"),
-            restore=RestoreMode.parse(args.restore, source=f"--restore (or ${env.RESTORE})"))
+            restore=RestoreMode.parse(args.restore, source=f"--restore (or ${env.RESTORE})"),
+            suspend_poll_s=parse_duration(args.suspend_poll,
+                                          name=f"--suspend-poll (or ${env.SUSPEND_POLL})"))
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
@@ -311,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
-               "5 fenced, 6 storage error, 7 host not ready (doctor), 130 interrupted.")
+               "5 fenced, 6 storage error, 7 host not ready (doctor), 75/76 preempted (run), "
+               "77 suspended (run), 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"cairn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -348,6 +395,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", "Read and check every retained snapshot of KEY; exit 4 if any is bad.")
     p.add_argument("key", metavar="KEY")
     p.set_defaults(func=cmd_verify, create=False)
+
+    p = command("suspend", "Ask KEY's running try to take a final snapshot and stop (exit 77); "
+                           "no try of KEY starts again until `cairn resume`.")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--reason", default=None, metavar="TEXT", help="why (shown by `cairn ls`)")
+    p.set_defaults(func=cmd_request, create=False)
+
+    p = command("resume", "Lift KEY's suspension: its next try resumes from the suspend snapshot.")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--reason", default=None, metavar="TEXT", help="why (shown by `cairn ls`)")
+    p.add_argument("--placement", default=None, metavar="NAME",
+                   help="resume on another capacity option (pod-based steps only; not yet "
+                        "available: refused)")
+    p.set_defaults(func=cmd_request, create=False)
 
     p = command("rm", "Remove KEY's snapshots (a tombstone keeps zombie writers out).")
     p.add_argument("key", metavar="KEY")
@@ -420,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool-wait", default="60s", metavar="DURATION",
                    help="at start, how long to wait for the sidecar to upload what an earlier "
                         "run spooled (default 60s; 0 not at all)")
+    p.add_argument("--suspend-poll", default=env.SUSPEND_POLL.get(), metavar="DURATION",
+                   help="how often to look in the store for a `cairn suspend` request "
+                        f"(default ${env.SUSPEND_POLL} or {env.SUSPEND_POLL.default})")
     p.add_argument("--exclude-seqs", default=env.EXCLUDE_SEQS.get(),
                    metavar="SEQ,...",
                    help="snapshots never to restore, e.g. 12,15 (a resume policy's loop guard; "

@@ -34,8 +34,10 @@ from cairn.store.outcomes import Outcome, OutcomeKind, SnapPoint, TryLog
 
 
 # Tries ended by something other than the step: they say nothing about a bad snapshot.
+# A suspension is neither a failure nor a preemption: it counts toward no limit.
 _NOT_THE_STEPS_DOING = frozenset({OutcomeKind.PREEMPTED, OutcomeKind.EVICTED,
-                                  OutcomeKind.FENCED, OutcomeKind.SUCCEEDED})
+                                  OutcomeKind.FENCED, OutcomeKind.SUCCEEDED,
+                                  OutcomeKind.SUSPENDED})
 
 
 __all__ = ["AfterTry", "ResumeOn", "ResumePlan", "ResumePolicy", "after_try", "format_seqs",

@@ -20,13 +20,18 @@ The supervisor is the command's parent for its whole life:
   :mod:`cairn.runtime.channel`): a final dump (which stops the workload) only if the last measured
   snapshot cost fits the budget — what is left of the grace, and of the notice's deadline; the
   exit code says whether it was committed;
+* a suspend request for its try (``cairn suspend``; polled every ``suspend_poll_s``, see
+  :mod:`cairn.runtime.suspend`): a final dump that stops the workload, within the grace, then
+  exit 77 (``suspended``); a failed dump leaves the workload running and is tried again at the
+  next poll. While the key is held suspended a new run stops before it starts (exit 77);
 * with ``status_file`` it reports its counters there after each snapshot (the sidecar serves
   them as metrics);
 * when the command succeeds the key is marked done and its snapshots dropped (spooled entries
   not yet uploaded are cancelled first: they would be dropped anyway).
 
 Exit codes (:mod:`cairn.runtime.exits`): the workload's own when it ends by itself (128 + N
-when killed by signal N); 75/76 preempted with / without a final snapshot; 2 (usage), 5
+when killed by signal N); 75/76 preempted with / without a final snapshot; 77 suspended; 2
+(usage), 5
 (fenced), 6 (storage) and 7 (host not ready). Only the main thread forks (a parent-death signal follows
 the *thread* that forked).
 """
@@ -76,6 +81,7 @@ from cairn.process.log_echo import LogEcho
 from cairn.process.spool_client import SpoolClient
 from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
 from cairn.runtime import channel, env
+from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
 from cairn.runtime.endings import record_exit
 from cairn.runtime.exits import ExitCode, from_wait_status
@@ -122,6 +128,8 @@ class RunSettings:
     staging: staging_mod.StagingMedium = staging_mod.StagingMedium.AUTO
     # How a snapshot is restored (cairn.process.restore, ADR 0021).
     restore: restore_mod.RestoreMode = restore_mod.RestoreMode.EAGER
+    suspend_poll_s: float = 5.0  # how often the store is read for a suspend request
+
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -131,6 +139,8 @@ class RunSettings:
             raise ConfigError("--grace must be zero or more seconds")
         if self.spool_wait_s < 0:
             raise ConfigError("--spool-wait must be zero or more seconds")
+        if self.suspend_poll_s <= 0:
+            raise ConfigError("--suspend-poll must be a positive duration")
         if not isinstance(self.restore, restore_mod.RestoreMode):
             raise ConfigError(f"restore={self.restore!r}: give a RestoreMode (parse text with "
                               "RestoreMode.parse)")
@@ -221,6 +231,8 @@ class Supervisor:
         self._status = channel.Status(pid=os.getpid(), started_at=time.time())
         self._status_failed = False
         self._spool: SpoolClient | None = None
+        self._suspend: suspend_mod.SuspendWatch | None = None
+        self._suspend_detail: dict[str, Any] = {}  # the request honoured, for the outcome
         # Workload run time carried by the snapshots, so a resume can say how much it saved.
         self._runtime_base = 0.0
         self._runtime_since = time.monotonic()
@@ -274,11 +286,19 @@ class Supervisor:
                 return ExitCode.USAGE
         try:
             self._store = open_store(s.store)
+            held = suspend_mod.held(self._store, self.key)
+            if held is not None:  # before the attempt opens: nothing is fenced or restored
+                log.error("%s", held)
+                self._store.close()
+                return ExitCode.SUSPENDED
             self._attempt = self._store.open_attempt(
                 self.key, note={"mode": "process", "host": os.uname().nodename,
                                 "argv": list(s.argv)}, exclude=s.exclude_seqs)
             if self._spool is not None:
                 self._spool.epoch = self._attempt.epoch
+            self._suspend = suspend_mod.SuspendWatch(self._store, self.key,
+                                                     epoch=self._attempt.epoch,
+                                                     interval_s=s.suspend_poll_s)
         except StoreError as e:
             log.error("cannot open the store: %s", e)
             return ExitCode.STORAGE
@@ -325,6 +345,10 @@ class Supervisor:
                 return self._workload_ended(status)
             if self._signal is not None or self._take_notice():
                 return self._preempted()
+            if self._suspend is not None and self._suspend.poll() is not None:
+                code = self._suspended()
+                if code is not None:
+                    return code
             self._poll_spool()
             if self._spool is not None and self._spool.fenced is not None:
                 log.error("the uploader could not commit entry %s: %s; stopping the workload",
@@ -997,12 +1021,8 @@ class Supervisor:
             log.error("%s: the final snapshot failed; %s", name, kept_text)
             return ExitCode.PREEMPTED_KEPT
         if saved.entry is not None:
-            # The budget covered the dump; the upload goes on in the sidecar, which outlives
-            # this container. Wait for it while the budget lasts, to report how it ended.
-            assert self._spool is not None
-            result = self._spool.await_upload(saved.entry, budget_end - SPOOL_EXIT_MARGIN_S)
+            result = self._final_upload(saved.entry, budget_end, name)
             if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
-                log.error("%s: the final snapshot cannot be committed: %s", name, result.detail)
                 return ExitCode.FENCED
             if result is not None and result.outcome is spool_mod.UploadOutcome.COMMITTED:
                 log.warning("%s: final snapshot seq %d committed (uploaded by the sidecar); "
@@ -1016,6 +1036,55 @@ class Supervisor:
         log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
                     "retries and resumes", name, saved.seq, ExitCode.PREEMPTED_SAVED)
         return ExitCode.PREEMPTED_SAVED
+
+    def _final_upload(self, entry: str, budget_end: float, name: str) -> spool_mod.Result | None:
+        """The budget covered the final dump ``entry``; the upload goes on in the sidecar,
+        which outlives this container. Wait for it while the budget lasts, to report how it
+        ended (None: still uploading); a fence is logged."""
+        assert self._spool is not None
+        result = self._spool.await_upload(entry, budget_end - SPOOL_EXIT_MARGIN_S)
+        if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
+            log.error("%s: the final snapshot cannot be committed: %s", name, result.detail)
+        return result
+
+    def _suspended(self) -> int | None:
+        """Honour the suspend request: a final dump that stops the workload, bounded by the
+        grace; the exit code (77, or 5 when fenced), or None when it must wait (a lazy restore
+        still filling memory) or the dump failed with the workload still running: the loop
+        goes on and asks again at the next poll."""
+        assert self._suspend is not None and self._suspend.request is not None
+        request = self._suspend.request
+        asked = f"suspend requested {suspend_mod.describe(request)}"
+        if self._pages_outstanding():
+            return None  # a half-filled process is not a snapshot; the pages arrive soon
+        if self._spool is not None:
+            self._spool.make_room(self.cost.peak_staging_bytes)
+        budget_end = time.monotonic() + self.settings.grace_s
+        try:
+            saved = self._snapshot(leave_running=False, timeout=max(
+                self.settings.grace_s, FINAL_DUMP_MIN_TIMEOUT_S))
+        except Fenced as e:
+            log.error("%s: %s", asked, e)
+            return ExitCode.FENCED
+        if saved is None:
+            if self.child is not None and workload.process_tree(self.child):
+                self._suspend.again_later()
+                log.error("%s: the final snapshot failed; the workload keeps running and the "
+                          "request is tried again at the next poll", asked)
+            return None
+        if saved.entry is not None:
+            result = self._final_upload(saved.entry, budget_end, asked)
+            if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
+                return ExitCode.FENCED
+            seq = result.seq if result is not None else None
+        else:
+            seq = saved.seq
+        self._suspend_detail = suspend_mod.detail(request)
+        log.warning("%s; exiting %d (%.2fs after the request)", suspend_mod.honoured(
+            request, seq=seq, what="the workload as it was stopped"
+            if seq is not None else f"spooled entry {saved.entry}, still uploading"),
+            ExitCode.SUSPENDED, suspend_mod.latency_s(request))
+        return ExitCode.SUSPENDED
 
     def _record_outcome(self, code: int | None) -> None:
         """Leave this try's outcome record for the next try and the UI (best effort; see
@@ -1032,6 +1101,8 @@ class Supervisor:
             detail["resumed_from_seq"] = self.restored_from
         if self._spool is not None:
             detail["spooled"] = self._status.spooled
+        if self._suspend_detail:
+            detail["suspend"] = self._suspend_detail
         record_exit(self._store, self.key, epoch=self._attempt.epoch,
                     code=None if code is None else int(code), started_at=self._status.started_at,
                     maintenance=self._notice is not None and "maintenance" in self._notice.source,

@@ -4,10 +4,11 @@ The outcome record (:class:`cairn.store.outcomes.Outcome`) is what the next try'
 and the placement policy read, and what the UI shows. Every way a try can end maps here:
 
 * an exception a state-mode try ended with (:func:`outcome_kind`): ``Preempted`` →
-  ``preempted``, ``Fenced`` → ``fenced``, anything else → ``failed``, none → ``succeeded``;
+  ``preempted``, ``Suspended`` → ``suspended``, ``Fenced`` → ``fenced``, anything else →
+  ``failed``, none → ``succeeded``;
 * an exit code a process-mode try (``cairn run``) ended with (:func:`outcome_kind_for_exit`):
-  0 → ``succeeded``, 75/76 → ``preempted`` (``evicted`` for a maintenance notice), 5 →
-  ``fenced``, anything else → ``failed``.
+  0 → ``succeeded``, 75/76 → ``preempted`` (``evicted`` for a maintenance notice), 77 →
+  ``suspended``, 5 → ``fenced``, anything else → ``failed``.
 
 Recording is best effort (:func:`record_best_effort`): an outcome is advice, and failing to
 write it never changes how a try ends. Imports neither torch nor an orchestrator.
@@ -20,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from cairn.exceptions import Fenced, Preempted
+from cairn.exceptions import Fenced, Preempted, Suspended
 from cairn.runtime import env
 from cairn.runtime.exits import PREEMPTED, ExitCode
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress
@@ -32,6 +33,8 @@ def outcome_kind(error: BaseException | None) -> OutcomeKind:
     """The outcome a try that ended with ``error`` (None: it succeeded) is recorded as."""
     if error is None:
         return OutcomeKind.SUCCEEDED
+    if isinstance(error, Suspended):
+        return OutcomeKind.SUSPENDED
     if isinstance(error, Preempted):
         return OutcomeKind.PREEMPTED
     if isinstance(error, Fenced):
@@ -46,6 +49,8 @@ def outcome_kind_for_exit(code: int | None, *, maintenance: bool = False) -> Out
         return OutcomeKind.SUCCEEDED
     if code in PREEMPTED:
         return OutcomeKind.EVICTED if maintenance else OutcomeKind.PREEMPTED
+    if code == ExitCode.SUSPENDED:
+        return OutcomeKind.SUSPENDED
     if code == ExitCode.FENCED:
         return OutcomeKind.FENCED
     return OutcomeKind.FAILED
@@ -92,10 +97,10 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
     """Leave the outcome record of the state-mode try ``ckpt`` ran (best effort; the
     Checkpointer's epoch names the try): a user error is recorded before the try fails, so a
     try without a record was killed from outside. Nothing is recorded when ``ckpt`` never
-    opened an attempt."""
+    opened an attempt, or already recorded its own (``ckpt.outcome_recorded``)."""
     epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
-    if epoch is None:
-        return
+    if epoch is None or getattr(ckpt, "outcome_recorded", False):
+        return  # never opened, or it recorded its own (a suspension, say)
     from cairn.store import open_store
 
     restored = ckpt.restored_from

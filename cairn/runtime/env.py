@@ -54,6 +54,9 @@ EXCLUDE_SEQS = Var("CAIRN_EXCLUDE_SEQS",
                    "`Checkpointer.from_env()`, `cairn run`")
 NOTICE_FILE = Var("CAIRN_NOTICE_FILE", "the sidecar's preemption notice file, polled",
                   "the pod transform", "`cairn run`, the Checkpointer")
+SUSPEND_POLL = Var("CAIRN_SUSPEND_POLL", "how often a running try looks in the store for a "
+                   "suspend request (`cairn suspend`), a duration like `5s`", "the user",
+                   "`cairn run`, the Checkpointer", default="5s")
 STATUS_FILE = Var("CAIRN_STATUS_FILE", "where snapshot counters are written for the sidecar's "
                   "metrics", "the pod transform", "`cairn run`, the Checkpointer")
 SPOOL_DIR = Var("CAIRN_SPOOL_DIR", "`cairn run` dumps into this spool; the sidecar uploads",
@@ -93,7 +96,7 @@ KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cai
                   "command instead of running it", "tests", "KFP's `run_command`")
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
-                        STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
+                        SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, CUDA_LIBRARY,
                         NVML_LIBRARY, GPU_MAP, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}

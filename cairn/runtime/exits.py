@@ -11,6 +11,7 @@
 7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
 75    preempted, a final snapshot was committed (retry to resume; ``EX_TEMPFAIL``)
 76    preempted, no final snapshot (the previous one is kept)
+77    suspended on request, a final snapshot was committed (resume with ``cairn resume``)
 130   interrupted (Ctrl-C)
 ====  ==============================================================
 
@@ -33,6 +34,7 @@ from cairn.exceptions import (
     NotFound,
     Preempted,
     StoreError,
+    Suspended,
 )
 
 
@@ -49,6 +51,7 @@ class ExitCode(enum.IntEnum):
     NOT_READY = 7
     PREEMPTED_SAVED = 75
     PREEMPTED_KEPT = 76
+    SUSPENDED = 77
     INTERRUPTED = 130
 
 
@@ -64,6 +67,8 @@ _MEANING = {
 def exit_code_for(error: BaseException) -> ExitCode:
     """The exit code a command ending with ``error`` reports (a preemption: 75 when its
     ``seq`` names the committed final snapshot, else 76)."""
+    if isinstance(error, Suspended):
+        return ExitCode.SUSPENDED
     if isinstance(error, Preempted):
         return ExitCode.PREEMPTED_SAVED if error.seq is not None else ExitCode.PREEMPTED_KEPT
     if isinstance(error, ConfigError):
@@ -80,18 +85,22 @@ def exit_code_for(error: BaseException) -> ExitCode:
 
 
 def try_exit_code(error: BaseException) -> int | None:
-    """The code a step's container exits with for a preemption (75/76) or a fence (5), so
-    that its orchestrator can tell them from the step's own errors; None for any other
-    error (which exits as Python does)."""
-    if isinstance(error, (Preempted, Fenced)):
+    """The code a step's container exits with for a preemption (75/76), a suspension (77) or
+    a fence (5), so that its orchestrator can tell them from the step's own errors; None for
+    any other error (which exits as Python does)."""
+    if isinstance(error, (Preempted, Fenced, Suspended)):
         return int(exit_code_for(error))
     return None
 
 
 def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -> CairnError | None:
     """The cairn error a step's exit ``code`` stands for: :class:`Preempted` for 75/76,
-    :class:`Fenced` for 5; None for 0 and for every other code (the step's own failure, or a
-    usage, storage or host error: see :func:`describe_exit`)."""
+    :class:`Suspended` for 77, :class:`Fenced` for 5; None for 0 and for every other code (the
+    step's own failure, or a usage, storage or host error: see :func:`describe_exit`)."""
+    if code == ExitCode.SUSPENDED:
+        return Suspended(f"{where} was suspended on request (exit {code}); its final snapshot "
+                         "was committed; it resumes from it once `cairn resume` is asked for",
+                         code=int(ExitCode.SUSPENDED))
     if code in PREEMPTED:
         saved = ("committed" if code == ExitCode.PREEMPTED_SAVED
                  else "not taken (the previous one is kept)")

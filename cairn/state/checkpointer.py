@@ -33,6 +33,13 @@ A snapshot the writer fails to commit (the writer process died, the store refuse
 logged and the next one is tried with a new writer if needed; ``step()`` raises
 :class:`~cairn.exceptions.StoreError` once ``max_failures`` snapshots in a row have failed.
 Fencing raises at once.
+
+Suspend requests (``cairn suspend``, :mod:`cairn.runtime.suspend`): ``step()`` looks for one
+every ``suspend_poll_seconds`` (default ``$CAIRN_SUSPEND_POLL``, 5 s) and, at the first step
+after it arrives, takes a final snapshot, records the ``suspended`` outcome and raises
+:class:`~cairn.exceptions.Suspended` (a script that lets it propagate exits 77). So a suspend
+is honoured within the poll interval + one step + the final snapshot. ``restore()`` raises it
+at once, opening nothing, while the key is held suspended (no ``cairn resume`` yet).
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ import numpy as np
 import torch
 
 from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
-from cairn.runtime import env
+from cairn.runtime import endings, env
+from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
 from cairn.state.codec import (
@@ -225,7 +233,8 @@ class Checkpointer:
                  preemption: PreemptionPolicy | None = PreemptionPolicy(),
                  persist: PersistMode = PersistMode.PROCESS, when_busy: WhenBusy = WhenBusy.WAIT,
                  buffers: int = 1, max_failures: int = 3,
-                 exclude_seqs: Collection[int] = (), status_file: str | None = None) -> None:
+                 exclude_seqs: Collection[int] = (), status_file: str | None = None,
+                 suspend_poll_seconds: float | str | None = None) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -237,6 +246,10 @@ class Checkpointer:
         if any(not isinstance(seq, int) or isinstance(seq, bool) for seq in exclude_seqs):
             raise ConfigError("exclude_seqs must be snapshot seqs (integers)")
         self.policy = policy
+        # How often step() looks for a `cairn suspend` request (None: $CAIRN_SUSPEND_POLL).
+        self.suspend_poll_seconds = suspend_mod.poll_seconds(suspend_poll_seconds)
+        self._suspend: suspend_mod.SuspendWatch | None = None
+        self._started_at = time.time()
         self.exclude_seqs = frozenset(exclude_seqs)  # never restored (a resume policy's verdict)
         # For the pod sidecar's metrics; None: $CAIRN_STATUS_FILE; "": none. Rank 0 writes it.
         self._status_file = env.STATUS_FILE.get() if status_file is None else status_file
@@ -271,6 +284,7 @@ class Checkpointer:
         self._copy_pool: ThreadPoolExecutor | None = None
         self._copy_helpers = 0
         self.committed_seq: int | None = None
+        self.outcome_recorded = False  # set once this try's outcome record is written
         self.committed_step: int | None = None
         self.skipped = 0  # snapshots skipped because the previous one was still persisting
         self._group = Group()
@@ -321,6 +335,13 @@ class Checkpointer:
         self._group = Group.detect()
         if self._group.active and self.persist_mode is not PersistMode.PROCESS:
             raise ConfigError("distributed training needs persist=PersistMode.PROCESS")
+        # A key held suspended starts no try: nothing is opened, fenced or restored.
+        held = suspend_mod.held(self.store, self.key) if self._group.rank == 0 else None
+        if self._group.broadcast([int(held is not None)])[0]:
+            error = held or suspend_mod.held_elsewhere(self.key)
+            log.warning("%s", error)  # a script that lets it propagate exits silently
+            raise error
+        self._started_at = time.time()
         if self._group.rank == 0:
             self._attempt = self.store.open_attempt(self.key, note={"mode": "state"},
                                                     exclude=self.exclude_seqs)
@@ -328,6 +349,9 @@ class Checkpointer:
         else:
             epoch = self._group.broadcast([0])[0]
             self._attempt = self.store.join_attempt(self.key, epoch=epoch)
+        if self._group.rank == 0:  # the others learn of a request from rank 0 (step())
+            self._suspend = suspend_mod.SuspendWatch(self.store, self.key, epoch=epoch,
+                                                     interval_s=self.suspend_poll_seconds)
         if self._preemption is not None:
             self._notice = PreemptionNotice(self._preemption)
             if self._notice.install():
@@ -473,10 +497,13 @@ class Checkpointer:
         interval = self.interval_seconds()
         due = (policy.every_steps is not None and (step + 1) % policy.every_steps == 0) or (
             interval is not None and time.monotonic() - self._last_time >= interval)
+        asked = self._suspend is not None and self._suspend.poll() is not None
         if self._group.active:  # every rank snapshots together, or none does
-            due, notice = (bool(v) for v in self._group.all_max([due, notice]))
+            due, notice, asked = (bool(v) for v in self._group.all_max([due, notice, asked]))
         if notice:
             self._final_snapshot(step)
+            return True
+        if asked and self._suspended(step):
             return True
         if due:
             self.save(step)
@@ -514,6 +541,32 @@ class Checkpointer:
         self._notice.chain()
         raise Preempted(f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
                         if seq is not None else "no final snapshot"), seq=seq)
+
+    def _suspended(self, step: int) -> bool:
+        """A suspend request arrived: take a final snapshot (no deadline: a suspend has none),
+        record the ``suspended`` outcome, raise :class:`~cairn.exceptions.Suspended`. When the
+        snapshot cannot be taken now (the writer is busy and ``when_busy`` is SKIP, or it
+        failed) training goes on and the next step tries again; returns False then."""
+        request = self._suspend.request if self._suspend is not None else None
+        try:
+            manifest = self.save(step, wait=True)
+        except Fenced:
+            raise
+        except CairnError as e:
+            log.error("key %s: suspend requested %s, but the final snapshot failed (%s); "
+                      "training goes on and the next step tries again", self.key,
+                      suspend_mod.describe(request), e)
+            return False
+        if manifest is None:
+            return False
+        error = suspend_mod.honoured(request, seq=manifest.seq, what=f"step {step}")
+        log.warning("key %s: %s (%.2fs after the request)", self.key, error,
+                    suspend_mod.latency_s(request))
+        if self._group.rank == 0:
+            endings.record_try(self, self.store.url, self.key, started_at=self._started_at,
+                               error=error, detail={"suspend": suspend_mod.detail(request)})
+            self.outcome_recorded = True
+        raise error
 
     def save(self, step: int, *, wait: bool = False,
              timeout: float | None = None) -> Manifest | None:

@@ -178,23 +178,33 @@ def outcome_name(key_path: str, epoch: int) -> str:
     return f"{outcomes_prefix(key_path)}{epoch:020d}.json"
 
 
+def record_bytes(doc: Mapping[str, Any], *, key: tuple[str, ...]) -> bytes:
+    """A record beside the slot log (an outcome, a request) as stored: ``doc`` with the key,
+    when and by whom it was written."""
+    full = {**doc, "key": list(key), "created_at": utc_now(), "writer": writer_identity()}
+    return json.dumps(full, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def load_record(data: bytes, *, schema: str, what: str) -> dict[str, Any]:
+    """The JSON object of a record beside the slot log, checked to be of ``schema`` (JSON
+    only: nothing read is executed). Raises ValueError naming what is wrong."""
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("schema") != schema:
+        raise ValueError(f"unknown {what} schema {doc.get('schema')!r} (this cairn reads "
+                         f"{schema}); upgrade cairn to read it")
+    return doc
+
+
 def encode_outcome(outcome: Outcome, *, key: tuple[str, ...]) -> bytes:
-    doc = outcome.to_json()
-    doc["key"] = list(key)
-    doc["created_at"] = utc_now()
-    doc["writer"] = writer_identity()
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return record_bytes(outcome.to_json(), key=key)
 
 
 def decode_outcome(data: bytes, *, epoch: int) -> Outcome:
     """Parse one record stored at ``epoch``. Raises ValueError naming what is wrong."""
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-        if doc.get("schema") != OUTCOME_SCHEMA:
-            raise ValueError(f"unknown outcome schema {doc.get('schema')!r} (this cairn reads "
-                             f"{OUTCOME_SCHEMA}); upgrade cairn to read it")
+        doc = load_record(data, schema=OUTCOME_SCHEMA, what="outcome")
         if doc.get("epoch") != epoch:
             raise ValueError(f"record says epoch {doc.get('epoch')!r} but is stored at {epoch}")
         p = doc.get("progress") or {}

@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import enum
 import getpass
-import json
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError, NotFound
-from cairn.store.outcomes import Outcome, OutcomeKind, TryLog, iso, parse_iso
-from cairn.store.slotlog import KEYS_PREFIX, utc_now, writer_identity
+from cairn.store.outcomes import (
+    Outcome,
+    OutcomeKind,
+    TryLog,
+    iso,
+    load_record,
+    parse_iso,
+    record_bytes,
+)
+from cairn.store.slotlog import KEYS_PREFIX
 
 REQUEST_SCHEMA = "cairn.request/1"
 REQUESTS_DIR = "@requests"
@@ -122,21 +129,14 @@ def parse_request_name(key_path: str, name: str) -> tuple[RequestKind, int] | No
 
 
 def encode_request(request: Request, *, key: tuple[str, ...]) -> bytes:
-    doc = {**request.to_json(), "key": list(key), "created_at": utc_now(),
-           "writer": writer_identity()}
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return record_bytes(request.to_json(), key=key)
 
 
 def decode_request(data: bytes, *, kind: RequestKind, epoch: int) -> Request:
     """Parse one record stored as ``kind`` at ``epoch``. Raises ValueError naming what is
-    wrong. JSON only: nothing in a record is executed."""
+    wrong."""
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise ValueError("not a JSON object")
-        if doc.get("schema") != REQUEST_SCHEMA:
-            raise ValueError(f"unknown request schema {doc.get('schema')!r} (this cairn reads "
-                             f"{REQUEST_SCHEMA}); upgrade cairn to read it")
+        doc = load_record(data, schema=REQUEST_SCHEMA, what="request")
         if doc.get("kind") != kind.value or doc.get("epoch") != epoch:
             raise ValueError(f"record says {doc.get('kind')!r} for epoch {doc.get('epoch')!r} "
                              f"but is stored as {kind.value} for {epoch}")

@@ -11,6 +11,7 @@ import argparse
 import logging
 import random
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -56,10 +57,12 @@ def endless(loader: Iterable[Any]) -> Iterator[Any]:
 
 
 def train(ckpt: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, loader: Iterable[Any],
-          total: int, *, scheduler: Any = None, clip: float | None = None) -> None:
+          total: int, *, scheduler: Any = None, clip: float | None = None,
+          pace: float = 0.0) -> None:
     """Restore through ``ckpt`` and train to step ``total``, printing ``start STEP`` and, per
     step, ``loss STEP VALUE``, ``saved STEP`` when a snapshot is staged and ``committed STEP``
-    when the writer process reports it durable."""
+    when the writer process reports it durable. ``pace``: seconds to sleep after each step
+    (a longer step, so that a test can act mid-run)."""
     step = ckpt.restore(model=model, optimizer=opt, loader=loader,
                         **({} if scheduler is None else {"scheduler": scheduler}))
     print(f"start {step}", flush=True)
@@ -81,6 +84,8 @@ def train(ckpt: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, loader:
         if ckpt.committed_step != committed:
             print(f"committed {ckpt.committed_step}", flush=True)
         step += 1
+        if pace:
+            time.sleep(pace)
 
 
 class SnapshotLines:

@@ -56,6 +56,7 @@ def main() -> int:
     parser = arguments(default=48)
     parser.add_argument("--prev-handler", action="store_true",
                         help="install a SIGTERM handler first, as Airflow's task runner does")
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds to sleep per step")
     args = parser.parse_args()
     if args.prev_handler:
         def previous_handler(signum: int, frame: object) -> None:
@@ -71,7 +72,7 @@ def main() -> int:
     loader = StatefulDataLoader(Noisy(), batch_size=16, shuffle=True, num_workers=2,
                                 generator=torch.Generator().manual_seed(2))
     ckpt = Checkpointer(store=args.store, key=args.key, every_steps=args.every, every_seconds=None)
-    train(ckpt, model, opt, loader, args.total, scheduler=sched)
+    train(ckpt, model, opt, loader, args.total, scheduler=sched, pace=args.pace)
     torch.save(model.state_dict(), args.out)
     ckpt.close()
     return 0

@@ -104,3 +104,39 @@ def test_symlink_inside_a_directory_is_refused(workdir) -> None:
     os.symlink(workdir / "ckpt" / "model.bin", workdir / "ckpt" / "link")
     proc = cairn("put", str(workdir / "store"), KEY, str(workdir / "ckpt"), check=2)
     assert "not a regular file" in proc.stderr
+
+
+def test_suspend_and_resume_a_running_step(tmp_path) -> None:  # noqa: ANN001
+    url = str(tmp_path / "store")
+    key, other = Key.parse(KEY), Key.parse("etl/load/run/0")
+    with open_store(url) as store:
+        epoch = store.open_attempt(key).epoch
+        store.open_attempt(other).finish()
+    unknown = cairn("suspend", url, "no/such/key", check=3)
+    assert "unknown" in unknown.stderr
+    ask = json.loads(cairn("suspend", url, KEY, "--reason", "urgent job", "--json").stdout)
+    assert (ask["kind"], ask["epoch"], ask["reason"], ask["new"]) == (
+        "suspend", epoch, "urgent job", True)
+    again = json.loads(cairn("suspend", url, KEY, "--reason", "other", "--json").stdout)
+    assert (again["new"], again["reason"], again["at"]) == (False, "urgent job", ask["at"])
+
+    (row,) = [r for r in json.loads(cairn("ls", url, "--json").stdout) if r["key"] == KEY]
+    assert row["state"] == "suspend-requested"
+    assert {k: row["suspension"][k] for k in ("by", "at", "reason")} == {
+        "by": ask["by"], "at": ask["at"], "reason": "urgent job"}
+    text = cairn("ls", url).stdout
+    assert f"asked by {ask['by']} at {ask['at']}: urgent job" in text
+    assert "urgent job" in cairn("ls", url, KEY).stdout
+
+    moved = cairn("resume", url, KEY, "--placement", "a100-ondemand", check=2)
+    assert "Airflow has no call that changes a task instance's queue or pool" in moved.stderr
+    resume = json.loads(cairn("resume", url, KEY, "--json").stdout)
+    assert (resume["kind"], resume["epoch"], resume["new"]) == ("resume", epoch, True)
+    assert json.loads(cairn("resume", url, KEY, "--json").stdout)["new"] is False
+
+    done = cairn("suspend", url, str(other), check=2)
+    assert "is done" in done.stderr
+    never = cairn("resume", url, str(other), check=2)
+    assert "not suspended" in never.stderr
+    with open_store(url, create=False) as store:
+        assert store.requests(other) == [], "refused asks write nothing"

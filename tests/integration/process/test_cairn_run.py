@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,49 @@ def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
     assert first.detail["signal"] == "SIGTERM" and first.detail["exit_code"] == 75
     assert (second.outcome.value, second.detail["resumed_from_seq"]) == ("succeeded", final)
     assert second.epoch > first.epoch
+
+
+def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_continues(
+        place: dict[str, Path]) -> None:
+    """``cairn suspend`` mid-run: a final dump, exit 77, outcome ``suspended``; a run started
+    while the key is held stops before it starts; after ``cairn resume`` the next run
+    continues at the very next step."""
+    key, steps = Key.parse("dag/task/1"), 120
+    poll = {"CAIRN_SUSPEND_POLL": "0.2s"}
+    run = _counter(place, steps, every="10m", env=poll)
+    wait_for(lambda: place["metrics"].exists() and len(metric_steps(place["metrics"])) >= 10
+             or run.proc.poll() is not None, 120, "10 steps")
+    assert run.proc.poll() is None, run.stderr
+    with open_store(str(place["store"]), create=False) as store:
+        ask = store.request_suspend(key, by="ops@example", reason="urgent job")
+        asked = time.monotonic()
+        assert run.wait() == 77, run.stderr
+        exited = time.monotonic() - asked
+        committed = re.search(r"\(([\d.]+)s after the request\)", run.stderr).group(1)
+        print(f"process-mode suspend latency (poll 0.2 s): final snapshot committed "
+              f"{committed}s after the request, cairn run exited after {exited:.2f}s")
+        final = int(re.search(r"final snapshot seq (\d+) holds", run.stderr).group(1))
+        at_stop = metric_steps(place["metrics"])
+        assert run.snapshots()[0] == final and len(at_stop) < steps
+        (outcome,) = store.outcomes(key)
+        assert (outcome.outcome.value, outcome.detail["exit_code"]) == ("suspended", 77)
+        assert outcome.detail["suspend"]["by"] == "ops@example"
+        assert outcome.progress.snapshot_seq == final
+        assert gone(run.child_pid())
+        seqs = store.log(key).seqs()
+
+        held = _counter(place, steps, env=poll)
+        assert held.wait() == 77, held.stderr
+        assert "is suspended" in held.stderr and "urgent job" in held.stderr
+        assert store.log(key).seqs() == seqs, "a held key opens no attempt"
+        assert metric_steps(place["metrics"]) == at_stop
+
+        assert store.request_resume(key, by="ops@example").epoch == ask.epoch
+    resumed = _counter(place, steps, env=poll)
+    assert resumed.wait() == 0, resumed.stderr
+    assert f"restored snapshot seq {final}" in resumed.stderr
+    assert int(re.search(r"step (\d+)", resumed.stdout).group(1)) == at_stop[-1] + 1
+    assert metric_steps(place["metrics"]) == list(range(steps)), "each step exactly once"
 
 
 def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Path]) -> None:

@@ -110,6 +110,20 @@ def test_the_loop_guard_ignores_tries_the_capacity_ended() -> None:
     assert plan.exclude == {3}
 
 
+def test_a_suspension_is_neither_an_error_nor_a_preemption() -> None:
+    su = OutcomeKind.SUSPENDED
+    tries = (attempt(1, snaps=(2, 3)), attempt(4, resumed_from=3), attempt(5, resumed_from=3))
+    history = History((ended(1, su), ended(4, su), ended(5, su)), tries)
+    plan = plan_resume(history, ResumePolicy(resume_on=ResumeOn.PREEMPTION))
+    assert (plan.errors, plan.preemptions, plan.exclude) == (0, 0, frozenset())
+    assert plan.resume_from is not None and plan.resume_from.seq == 3
+    assert after_try(plan, ResumePolicy(max_error_retries=0, max_preemptions=5), su) \
+        is AfterTry.RETRY
+    with_option = History(tuple(Outcome(epoch=e, outcome=su, started_at=T0, ended_at=T0 + 9,
+                                        option="a100-spot") for e in (1, 4)), tries)
+    assert with_option.preemptions() == 0 and with_option.interruptions_on("a100-spot") == 0
+
+
 def test_a_try_that_committed_something_newer_is_progress() -> None:
     tries = (attempt(1, snaps=(2, 3)), attempt(4, resumed_from=3, snaps=(6,)),
              attempt(7, resumed_from=3))

@@ -17,6 +17,7 @@ from cairn.exceptions import (
     NoSnapshot,
     Preempted,
     StoreError,
+    Suspended,
 )
 from cairn.runtime.exits import (
     ExitCode,
@@ -34,6 +35,7 @@ from cairn.runtime.exits import (
     (StoreError("x"), ExitCode.STORAGE), (PermissionError("x"), ExitCode.STORAGE),
     (CairnError("x"), ExitCode.INTERNAL), (RuntimeError("x"), ExitCode.INTERNAL),
     (Preempted("x", seq=4), ExitCode.PREEMPTED_SAVED), (Preempted("x"), ExitCode.PREEMPTED_KEPT),
+    (Suspended("x", code=ExitCode.SUSPENDED, seq=4), ExitCode.SUSPENDED),
 ])
 def test_each_error_has_its_code(error: BaseException, code: ExitCode) -> None:
     assert exit_code_for(error) is code
@@ -46,7 +48,8 @@ def test_only_preemptions_and_fences_get_a_try_exit_code() -> None:
     assert try_exit_code(ValueError("x")) is None
 
 
-@pytest.mark.parametrize("error", [Preempted("x", seq=3), Preempted("x"), Fenced("x")])
+@pytest.mark.parametrize("error", [Preempted("x", seq=3), Preempted("x"), Fenced("x"),
+                                   Suspended("x", code=ExitCode.SUSPENDED, seq=3)])
 def test_a_try_exit_code_maps_back_to_its_error(error: CairnError) -> None:
     code = try_exit_code(error)
     assert code is not None
@@ -56,6 +59,16 @@ def test_a_try_exit_code_maps_back_to_its_error(error: CairnError) -> None:
 @pytest.mark.parametrize("code", [0, 1, 2, 6, 7, 137])
 def test_other_codes_are_not_cairn_errors(code: int) -> None:
     assert error_for_exit(code) is None
+
+
+def test_a_script_that_lets_suspended_propagate_exits_with_its_code() -> None:
+    script = ("from cairn.exceptions import Suspended\n"
+              "from cairn.runtime.exits import ExitCode\n"
+              "raise Suspended('asked', code=ExitCode.SUSPENDED, seq=3)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == ExitCode.SUSPENDED == try_exit_code(
+        Suspended("x", code=ExitCode.SUSPENDED))
+    assert isinstance(Suspended("x", code=ExitCode.SUSPENDED), CairnError), "except Exception"
 
 
 def test_descriptions_name_the_fix() -> None:
