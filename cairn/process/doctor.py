@@ -21,16 +21,15 @@ from dataclasses import dataclass
 from cairn.exceptions import ConfigError
 from cairn.runtime.env import CRIU as CRIU_VAR
 from cairn.process import criu as criu_mod
+from cairn.process import gpu_budget
 from cairn.process import gpus as gpus_mod
 
 Reader = Callable[[str], "str | None"]
 """Returns a file's text, or ``None`` when it is missing or unreadable."""
 
-# An assumed effective device-to-host copy rate for staging GPU memory in host RAM while the
-# process is frozen. PCIe Gen4 x16 peaks near 25 GB/s; real checkpoint copies see far less, so
-# this is deliberately conservative. Frozen-time figures derived from it are estimates only and
-# exclude writing the image to disk.
-ASSUMED_D2H_BYTES_PER_S = 10e9
+# The assumed device-to-host rate of the checkpoint copy (cairn.process.gpu_budget). Frozen-time
+# figures derived from it are estimates only and exclude writing the image to disk.
+ASSUMED_D2H_BYTES_PER_S = gpu_budget.DEFAULT_D2H_BYTES_PER_S
 
 MIN_KERNEL = (5, 9)  # CAP_CHECKPOINT_RESTORE; clone3 with set_tid arrived in 5.5
 _UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a page-rounded 2**63-1

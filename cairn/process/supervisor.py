@@ -68,6 +68,7 @@ from cairn.exceptions import (
 from cairn.process import compat as compat_mod
 from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
+from cairn.process import gpu_budget
 from cairn.process import gpu_map as gpu_map_mod
 from cairn.process import gpus as gpus_mod
 from cairn.process import pids as pids_mod
@@ -708,10 +709,13 @@ class Supervisor:
         image_dir: str | None = None
         entry: str | None = None
         handed = False
-        gpu_stall_s = 0.0
+        gpu_stall_s = gpu_checkpoint_s = 0.0
         try:
             tree = workload.process_tree(self.child)
             tracked, gpu = self._check_dumpable(tree)
+            if gpu and leave_running and self._gpu_use is not None:
+                gpu_budget.check_periodic(self._gpu_use.total, self.cost.history,
+                                          grace_s=self.settings.grace_s)
             runtime = self._runtime_base + (time.monotonic() - self._runtime_since)
             if self._spool is not None:
                 entry = self._spool.spool.new_entry(self._attempt.epoch)
@@ -730,7 +734,7 @@ class Supervisor:
                                   leave_running=leave_running,
                                   ghost_limit=self.settings.ghost_limit,
                                   timeout=max(1.0, started + timeout - time.monotonic()))
-                gpu_stall_s = stall.total_s
+                gpu_stall_s, gpu_checkpoint_s = stall.total_s, stall.checkpoint_s
             else:
                 criu_mod.dump(self._criu, self.child, image_dir, leave_running=leave_running,
                               ghost_limit=self.settings.ghost_limit, timeout=timeout)
@@ -739,6 +743,9 @@ class Supervisor:
             self.cost.peak_staging_bytes = max(self.cost.peak_staging_bytes, staged)
             compat = (compat_mod.with_gpu_use(self._compat, self._gpu_use.per_gpu)
                       if gpu and self._gpu_use else self._compat)
+            gpu_figures = {"gpu_stall_ms": round(gpu_stall_s * 1000, 1),
+                           "gpu_checkpoint_s": round(gpu_checkpoint_s, 4),
+                           "gpu_bytes": self._gpu_use.total if gpu and self._gpu_use else 0}
             info = {"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
                     "leave_running": leave_running, "runtime_s": round(runtime, 3)}
             if self._spool is not None and entry is not None:
@@ -749,7 +756,7 @@ class Supervisor:
                     compat=compat, info=info, tracked_paths=tracked,
                     roots=self._track_roots)
                 handed = True
-                return self._spooled(entry, started, dumped, staged, frozen_us, gpu_stall_s)
+                return self._spooled(entry, started, dumped, staged, frozen_us, gpu_figures)
             report = snap_mod.ingest(self._attempt, image_dir, tracked_paths=tracked,
                                      roots=self._track_roots,
                                      compat=compat, info=info)
@@ -770,7 +777,7 @@ class Supervisor:
         done = time.monotonic()
         self.cost.seconds = done - started
         figures = {"seq": report.manifest.seq, "frozen_ms": report.frozen_us / 1000,
-                   "gpu_stall_ms": round(gpu_stall_s * 1000, 1),
+                   **gpu_figures,
                    "dump_s": round(dumped - started, 3), "ingest_s": round(done - dumped, 3),
                    "image_bytes": report.image_bytes, "bytes_written": report.bytes_written,
                    "staging_bytes": staged,
@@ -792,17 +799,18 @@ class Supervisor:
         return _Saved(seq=report.manifest.seq)
 
     def _spooled(self, entry: str, started: float, dumped: float, staged: int,
-                 frozen_us: int, gpu_stall_s: float = 0.0) -> _Saved:
+                 frozen_us: int, gpu_figures: dict[str, float]) -> _Saved:
         """Account for a dump handed to the uploader. Its cost — what a final snapshot's
         budget must cover — is the dump and the hand-off, not the upload."""
         done = time.monotonic()
         self.cost.seconds = done - started
         self.cost.history.append({"entry": entry, "seq": None, "frozen_ms": frozen_us / 1000,
-                                  "gpu_stall_ms": round(gpu_stall_s * 1000, 1),
+                                  **gpu_figures,
                                   "dump_s": round(dumped - started, 3),
                                   "handoff_s": round(done - dumped, 3), "image_bytes": staged,
                                   "bytes_written": 0, "staging_bytes": staged})
         st = self._status
+        gpu_stall_s = gpu_figures["gpu_stall_ms"] / 1000
         self._report(spooled=st.spooled + 1, frozen_seconds=st.frozen_seconds + frozen_us / 1e6,
                      gpu_stall_seconds=st.gpu_stall_seconds + gpu_stall_s,
                      stall_seconds=st.stall_seconds + dumped - started)
@@ -994,6 +1002,12 @@ class Supervisor:
             estimate = estimate_unmeasured(resident)
             basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
                      f"{UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
+            gpu_bytes = gpus_mod.inventory().use_of(tree).total if workload.gpu_pids(tree) else 0
+            if gpu_bytes:  # the driver's device-to-host copy comes on top
+                copy = gpu_budget.estimate(gpu_bytes, self.cost.history)
+                basis = (f"{basis} {estimate:.1f}s, plus the GPU copy of "
+                         f"{copy.describe(gpu_bytes)}: together")
+                estimate += copy.seconds
         budget_end = time.monotonic() + remaining
         self._poll_spool()
         kept = self._last_committed_seq()

@@ -38,14 +38,14 @@ def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
             "control": tmp_path / "fakecuda-control"}
 
 
-def _run(place: dict, *gpus: Gpu, grace: str = "30s", **env: str) -> CairnRun:
+def _run(place: dict, *gpus: Gpu, grace: str = "30s", every: str = "1s", **env: str) -> CairnRun:
     driver: FakeDriver = place["driver"]
     full = {**driver.env, **driver.gpus(*gpus), "FAKE_GPU_MEMORY": f"{UUID_A}={2 * GIB}",
             "FAKECUDA_CONTROL": str(place["control"]), **env}
     return CairnRun(store=place["store"], key="gpu/fake/1",
                     command=[sys.executable, str(WORKLOAD), str(place["metrics"]), str(STEPS),
                              "0.02"],
-                    workdir=place["work"] / "cairn", logs=place["logs"], every="1s",
+                    workdir=place["work"] / "cairn", logs=place["logs"], every=every,
                     grace=grace, env=full)
 
 
@@ -138,6 +138,29 @@ def test_gpu_memory_the_host_cannot_hold_is_refused_before_the_dump(place: dict)
         assert place["driver"].calls("cuCheckpointProcessLock") == []  # nothing was stopped
     finally:
         _killed(run)
+
+
+def test_a_periodic_dump_whose_gpu_copy_outlasts_the_grace_is_refused(place: dict) -> None:
+    # 8 GiB at the assumed 10 GB/s is about 0.9 s, more than a 0.5 s grace.
+    run = _run(place, Gpu(UUID_A), grace="0.5s", FAKE_GPU_MEMORY=f"{UUID_A}={8 * GIB}")
+    try:
+        wait_for(lambda: "snapshot failed" in run.stderr, 60, "a refused snapshot")
+        assert "longer than the 0.5s grace period" in run.stderr, run.stderr
+        assert "(assumed)" in run.stderr and "state mode" in run.stderr
+        assert place["driver"].calls("cuCheckpointProcessLock") == []
+    finally:
+        _killed(run)
+
+
+def test_a_first_final_dump_counts_the_gpu_copy_in_its_estimate(place: dict) -> None:
+    run = _run(place, Gpu(UUID_A), grace="1s", every="1h", FAKE_GPU_MEMORY=f"{UUID_A}={16 * GIB}")
+    wait_for(lambda: place["metrics"].exists(), 60, "the workload to start")
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 76, run.stderr  # no final snapshot tried: it could not fit
+    assert re.search(r"no final snapshot: no snapshot measured yet; .* plus the GPU copy of "
+                     r"16\.0 GiB of GPU memory at 10\.0 GB/s \(assumed\) is about 1\.7s: "
+                     r"together \d+\.\ds", run.stderr), run.stderr
+    assert place["driver"].calls("cuCheckpointProcessLock") == []
 
 
 def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> None:
