@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from cairn.runtime import env
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.store import Key, Manifest, Store, open_store
+from cairn.store.outcomes import parse_iso
 from cairn.store.slotlog import RecordKind
 
 
@@ -168,6 +170,10 @@ def _suspension_lines(held: dict[str, Any] | None) -> list[str]:
         return []
     why = f": {held['reason']}" if held["reason"] else ""
     lines = [f"  {held['state']}: try {held['epoch']} asked by {held['by']} at {held['at']}{why}"]
+    if held["state"] == "suspend-requested":
+        waited = max(time.time() - parse_iso(held["at"]), 0.0)
+        lines.append(f"  not honoured yet, {waited:.0f}s after the request (a running try "
+                     "honours it at its next poll; state mode only inside step())")
     if held["try_outcome"] is not None:
         lines.append(f"  try {held['epoch']} ended {held['try_outcome']}")
     if held["resumed_by"] is not None:

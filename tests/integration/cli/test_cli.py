@@ -126,6 +126,7 @@ def test_suspend_and_resume_a_running_step(tmp_path) -> None:  # noqa: ANN001
         "by": ask["by"], "at": ask["at"], "reason": "urgent job"}
     text = cairn("ls", url).stdout
     assert f"asked by {ask['by']} at {ask['at']}: urgent job" in text
+    assert "not honoured yet" in text, "a try that has not stopped yet is shown as such"
     assert "urgent job" in cairn("ls", url, KEY).stdout
 
     moved = cairn("resume", url, KEY, "--placement", "a100-ondemand", check=2)
