@@ -11,10 +11,11 @@ kernel it ran on; CPU flags because a process that picked AVX-512 code paths at 
 on a CPU without them.
 
 GPUs are the exception to equality: a record holds each visible GPU's UUID, model and memory
-(and, in a snapshot's record, the device memory the workload held on it), and
-:mod:`cairn.process.gpu_map` decides whether the snapshot's GPUs map onto this host's (same
-model and count, the memory free, driver >= 580 for other UUIDs). A record without ``gpus``
-(written before they were recorded) keeps the strict rule on GPU models and count.
+(and, in the record of a snapshot with GPU state, the device memory the workload held on
+each), and :mod:`cairn.process.gpu_map` decides whether the GPUs it held memory on map onto
+this host's (same model, enough of them, the memory free, driver >= 580 for other UUIDs). A
+snapshot without GPU state, or a record written before GPUs were recorded, keeps the strict
+rule on GPU models and count.
 
 A snapshot that does not fit is not restored: the try starts fresh and logs the reasons
 (``cairn run``'s rule for every incompatible snapshot).
@@ -149,10 +150,19 @@ _LABELS = {
 }
 
 
+def _checkpointed_gpus(stored: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The GPUs a snapshot holds device memory for: those the workload held memory on, or
+    every recorded one where none shows any; none for a snapshot without GPU state (its
+    record's GPUs carry no ``workload_bytes``)."""
+    gpus = [g for g in stored.get("gpus") or [] if "workload_bytes" in g]
+    used = [g for g in gpus if g["workload_bytes"] > 0]
+    return used or gpus
+
+
 def gpu_plan(stored: Mapping[str, Any], current: Mapping[str, Any], *,
              gpu_map: Mapping[str, str] | None = None) -> gpu_map_mod.GpuPlan:
     """Where the snapshot's GPUs restore here (``gpu_map``: ``CAIRN_GPU_MAP`` parsed)."""
-    old = stored.get("gpus")
+    old = _checkpointed_gpus(stored)
     if not old:
         return gpu_map_mod.GpuPlan()
     return gpu_map_mod.plan(old, current.get("gpus") or [], driver=current.get("nvidia_driver"),
@@ -163,7 +173,9 @@ def differences(stored: Mapping[str, Any], current: Mapping[str, Any], *,
                 gpu_map: Mapping[str, str] | None = None) -> list[str]:
     """Why a snapshot with record ``stored`` must not be restored here; empty if it may."""
     reasons = []
-    by_plan = "gpus" in stored  # the GPU plan judges models and count
+    # The GPU plan judges models and count of a snapshot with GPU state; one without keeps
+    # the strict rule (its process may still start using the GPUs it saw).
+    by_plan = bool(_checkpointed_gpus(stored))
     for field, label in _LABELS.items():
         if by_plan and field in ("gpu_models", "gpu_count"):
             continue

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairn.process import compat, gpus
-from tests.support.fakecuda import (GIB, UUID_A, UUID_B, FakeDriver, Gpu, fake_driver,
+from tests.support.fakecuda import (GIB, UUID_A, UUID_B, UUID_C, FakeDriver, Gpu, fake_driver,
                                     set_env, workloads)
 
 __all__ = ["fake_driver", "workloads"]  # fixtures
@@ -91,3 +91,20 @@ def test_the_compatibility_record_holds_uuids_and_remaps(fake_driver, monkeypatc
     full = compat.current_record(argv, cwd=str(tmp_path), criu=None)
     assert compat.differences(stored, full) == [
         f"GPU {UUID_B} has 1.0 GiB free and the snapshot holds 2.0 GiB of device memory for it"]
+
+
+def test_only_the_gpus_a_snapshot_holds_memory_on_are_mapped(fake_driver, monkeypatch,
+                                                             tmp_path: Path) -> None:
+    set_env(monkeypatch, fake_driver.gpus(Gpu(UUID_A), Gpu(UUID_B)))
+    argv = ["python", "t.py"]
+    record = compat.current_record(argv, cwd=str(tmp_path), criu=None)
+    one_gpu = compat.with_gpu_use(record, {UUID_B: GIB})  # the workload used the second
+    set_env(monkeypatch, fake_driver.gpus(Gpu(UUID_C)))  # a node with one GPU
+    here = compat.current_record(argv, cwd=str(tmp_path), criu=None)
+    assert compat.gpu_plan(one_gpu, here).pairs == ((UUID_B, UUID_C),)
+    assert compat.differences(one_gpu, here) == []
+    # A snapshot without GPU state keeps the strict rule on models and count.
+    assert compat.gpu_plan(record, here).pairs == ()
+    assert compat.differences(record, here) == [
+        "GPU models differs (snapshot: ['NVIDIA H100 80GB HBM3', 'NVIDIA H100 80GB HBM3'], "
+        "here: ['NVIDIA H100 80GB HBM3'])", "GPU count differs (snapshot: 2, here: 1)"]
