@@ -281,13 +281,18 @@ def host_memory_available() -> int:
     return available
 
 
-def check_fits(gpu_bytes: int, *, available: int | None = None) -> None:
+def check_fits(gpu_bytes: int, *, available: int | None = None,
+               device_wide: bool = False) -> None:
     """The driver copies device memory into host RAM: refuse a checkpoint that cannot fit
-    (``available`` defaults to :func:`host_memory_available`)."""
+    (``available`` defaults to :func:`host_memory_available`). ``device_wide``: the figure is
+    the memory used on the workload's GPUs, not its own (its PIDs could not be matched)."""
     available = host_memory_available() if available is None else available
     if gpu_bytes > available:
+        whose = ("its GPUs hold" if device_wide else "the workload holds")
+        note = (" (the device-wide figure: NVML's PIDs do not match this PID namespace)"
+                if device_wide else "")
         raise NotSnapshottable(
-            f"the workload holds {gpu_bytes / 2**30:.1f} GiB of GPU memory and only "
+            f"{whose} {gpu_bytes / 2**30:.1f} GiB of GPU memory{note} and only "
             f"{available / 2**30:.1f} GiB of host RAM is available for the checkpoint copy; give "
             "the pod more memory (resources.limits.memory) or use state mode")
 

@@ -625,7 +625,8 @@ class Supervisor:
                 gpu = cuda_mod.cuda_pids(api, tree)
                 if gpu:
                     self._gpu_use = gpus_mod.inventory().use_of(tree)
-                    cuda_mod.check_fits(self._gpu_use.total)
+                    cuda_mod.check_fits(self._gpu_use.total,
+                                        device_wide=not self._gpu_use.matched)
         if problems:
             raise NotSnapshottable("cannot snapshot the workload:\n  " +
                                    "\n  ".join(str(p) for p in problems))

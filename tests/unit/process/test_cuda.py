@@ -193,6 +193,8 @@ def test_host_ram_must_hold_the_device_copy() -> None:
     cuda.check_fits(8 << 30, available=16 << 30)
     with pytest.raises(NotSnapshottable, match="resources.limits.memory"):
         cuda.check_fits(80 << 30, available=16 << 30)
+    with pytest.raises(NotSnapshottable, match="its GPUs hold 80.0 GiB .*device-wide figure"):
+        cuda.check_fits(80 << 30, available=16 << 30, device_wide=True)
 
 
 def test_an_old_driver_is_named() -> None:
