@@ -616,10 +616,12 @@ class Attempt:
         for chunk in manifest.chunk_refs():
             self.known_chunks.setdefault(chunk.digest, chunk)
 
-    def adopt_page_bases(self, bases: dict[Hashable, str]) -> None:
+    def adopt_page_bases(self, bases: dict[Hashable, str], delta_bases: dict[str, str]) -> None:
         """After a commit: ``bases`` (locator -> full chunk) is what the next snapshot's page
-        deltas are taken against; page hashes of chunks no longer a base are dropped."""
+        deltas are taken against, and ``delta_bases`` the base of each delta chunk it holds;
+        what only older snapshots needed is dropped, so memory stays at one snapshot's."""
         self.page_bases = dict(bases)
+        self.delta_bases = dict(delta_bases)
         keep = set(bases.values())
         self.page_hashes = {d: h for d, h in self.page_hashes.items() if d in keep}
 

@@ -83,8 +83,10 @@ class SnapshotWriter:
         )
         self._started = time.monotonic()
         self._closed = False
-        # locator -> the full chunk that the next snapshot's chunk there may be a delta of
+        # locator -> the full chunk that the next snapshot's chunk there may be a delta of,
+        # and the base of every delta chunk this snapshot references
         self._bases: dict[Hashable, str] = {}
+        self._delta_bases: dict[str, str] = {}
         self.stats = WriteStats()
 
     # -- adding data ---------------------------------------------------------------------
@@ -207,6 +209,8 @@ class SnapshotWriter:
         base = ref.digest if not ref.is_delta else self._attempt.delta_bases.get(ref.digest)
         if base is None:  # a delta from an earlier try, whose base this one never saw
             return
+        if ref.is_delta:
+            self._delta_bases[ref.digest] = base
         if base not in self._attempt.page_hashes:
             if ref.is_delta:
                 return
@@ -233,6 +237,7 @@ class SnapshotWriter:
         self.stats.bytes_written += len(pages)
         self.stats.chunks_delta += 1
         self._attempt.delta_bases[digest] = base_digest
+        self._delta_bases[digest] = base_digest
         self._bases[locator] = base_digest
         return ChunkRef(digest, len(data), pack, offset, base.pack, base.offset, mask), None
 
@@ -319,7 +324,7 @@ class SnapshotWriter:
             raise
         self._closed = True
         if self._bases:
-            self._attempt.adopt_page_bases(self._bases)
+            self._attempt.adopt_page_bases(self._bases, self._delta_bases)
         return manifest
 
     def _metadata(self, step: int | None, compat: Mapping[str, Any] | None,

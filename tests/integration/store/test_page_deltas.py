@@ -132,3 +132,20 @@ def test_gc_keeps_the_base_pack_of_a_retained_delta(store: Store) -> None:
     store.prune(KEY, keep=1)  # the first snapshot's record goes; its pack is a base
     store.gc(grace_seconds=0)
     assert bytes(store.reader(second).read_file(PATH)) == data
+
+
+def test_a_delta_kept_unchanged_through_a_snapshot_still_knows_its_base(store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    data = image(4)
+    first = commit(attempt, data, 1)
+    data = scatter(data, [1], 10)
+    second = commit(attempt, data, 2)
+    data = scatter(data, [9], 11)  # chunk 1 changes; chunk 0 stays the delta it was
+    third = commit(attempt, data, 3)
+    assert third.file(PATH).chunks[0] == second.file(PATH).chunks[0]
+    data = scatter(data, [2], 12)
+    fourth = commit(attempt, data, 4)
+    chunk = fourth.file(PATH).chunks[0]
+    assert chunk.is_delta and chunk.delta_mask == 0b110
+    assert chunk.base_offset == first.file(PATH).chunks[0].offset
+    assert bytes(store.reader(fourth).read_file(PATH)) == data
