@@ -671,17 +671,22 @@ class Supervisor:
         """A new, empty directory for this dump's images, where the staging policy puts it
         (``RunSettings.staging``, checked per dump against the last image; before the first
         dump the workload's resident memory, plus the GPU memory the driver will copy into it,
-        stands in). Said at WARNING when the medium changes, else at INFO."""
+        stands in; that copy also takes from the memory a staged image could have). Said at
+        WARNING when the medium changes, else at INFO."""
         last = next((h["image_bytes"] for h in reversed(self.cost.history)
                      if h.get("entry") is None), None)
         estimate = None
         if last is None:
             estimate = workload.resident_bytes(tree) + (
                 self._gpu_use.total if gpu and self._gpu_use else 0)
+        headroom = None
+        if gpu and self._gpu_use:  # the GPU copy lands in the same memory as a tmpfs image
+            headroom = gpu_budget.after_gpu_copy(
+                staging_mod.memory_headroom(self._memory_staging), self._gpu_use.total)
         choice = staging_mod.choose_staging(self.settings.staging, image_bytes=last,
                                             estimate_bytes=estimate,
                                             memory_dir=self._memory_staging,
-                                            disk_dir=self.staging)
+                                            disk_dir=self.staging, headroom=headroom)
         level = logging.INFO if choice.medium is self._staging_medium else logging.WARNING
         log.log(level, "staging the dump %s at %s (%s)",
                 "in memory" if choice.medium is staging_mod.StagingMedium.MEMORY else "on disk",

@@ -34,3 +34,22 @@ def test_a_periodic_dump_whose_copy_outlasts_the_grace_is_refused() -> None:
     assert "terminationGracePeriodSeconds" in str(refused.value)
     assert "state mode" in str(refused.value)
     gpu_budget.check_periodic(10 * GIB, history, grace_s=0)  # no final snapshots: no limit
+
+
+def test_the_gpu_copy_takes_from_the_memory_a_staged_image_could_use(tmp_path) -> None:
+    from cairn.process import staging
+
+    room = staging.Headroom(cgroup_bytes=40 * GIB, available_bytes=100 * GIB,
+                            tmpfs_free_bytes=60 * GIB)
+    after = gpu_budget.after_gpu_copy(room, 30 * GIB)
+    assert (after.cgroup_bytes, after.available_bytes, after.tmpfs_free_bytes) == (
+        10 * GIB, 70 * GIB, 60 * GIB)
+    # A 12 GiB image would fit in memory without the GPU copy, not with it: it stages on disk.
+    kw = {"image_bytes": 12 * GIB, "memory_dir": str(tmp_path / "m"),
+          "disk_dir": str(tmp_path / "d"), "page_cache": 0}
+    assert staging.choose_staging(staging.StagingMedium.AUTO, headroom=room,
+                                  **kw).medium is staging.StagingMedium.MEMORY
+    assert staging.choose_staging(staging.StagingMedium.AUTO, headroom=after,
+                                  **kw).medium is staging.StagingMedium.DISK
+    unbounded = staging.Headroom(None, None, None)
+    assert gpu_budget.after_gpu_copy(unbounded, GIB) == unbounded
