@@ -1071,7 +1071,8 @@ class Supervisor:
         """Honour the suspend request: a final dump that stops the workload, bounded by the
         grace; the exit code (77, or 5 when fenced), or None when it must wait (a lazy restore
         still filling memory) or the dump failed with the workload still running: the loop
-        goes on and asks again at the next poll."""
+        goes on and asks again at the next poll. A dump that stopped the workload but could
+        not be stored still ends the try suspended (logged), from the last committed one."""
         assert self._suspend is not None and self._suspend.request is not None
         request = self._suspend.request
         asked = f"suspend requested {suspend_mod.describe(request)}"
@@ -1087,11 +1088,19 @@ class Supervisor:
             log.error("%s: %s", asked, e)
             return ExitCode.FENCED
         if saved is None:
-            if self.child is not None and workload.process_tree(self.child):
+            if self._reap() is None:  # the dump failed and CRIU let the workload go on
                 self._suspend.again_later()
                 log.error("%s: the final snapshot failed; the workload keeps running and the "
                           "request is tried again at the next poll", asked)
-            return None
+                return None
+            # The dump stopped the workload, then storing it failed: still a suspension (the
+            # operator's doing, not the step's), resumed from the last committed snapshot.
+            kept = self._last_committed_seq()
+            log.error("%s: the workload was stopped but its final snapshot failed; exiting %d, "
+                      "a resume restarts from %s", asked, ExitCode.SUSPENDED,
+                      f"snapshot seq {kept}" if kept is not None else "the start")
+            self._suspend_detail = {**suspend_mod.detail(request), "final_snapshot": "failed"}
+            return ExitCode.SUSPENDED
         if saved.entry is not None:
             result = self._final_upload(saved.entry, budget_end, asked)
             if result is not None and result.outcome is spool_mod.UploadOutcome.FENCED:
