@@ -9,6 +9,8 @@ costs a page fault per 4 KiB), so memory stays at about ``prefetch`` × 4 MiB an
 is valid only until the next one is requested; :meth:`SnapshotReader.read_files_into` reads
 straight into the caller's memory, with no copy; into page-aligned memory a local store reads
 with ``O_DIRECT`` (:mod:`cairn.store.aligned`), which a restore into fresh memory gains from.
+A delta chunk (:mod:`cairn.store.delta`) is read from its base's extent and its pages' and
+checked once assembled; no byte of it is handed out or renamed into place before that.
 """
 
 from __future__ import annotations
@@ -336,15 +338,7 @@ class SnapshotReader:
                 if progress is not None:
                     progress(rng.length)
         finally:
-            # Nothing may still write into the caller's buffers once this returns or raises.
-            for _, future in pending:
-                future.cancel()
-            for _, future in pending:
-                if not future.cancelled():
-                    try:
-                        future.result()
-                    except BaseException:  # noqa: BLE001 - the first error is being raised
-                        pass
+            _settle([future for _, future in pending])
 
     def read_chunks(self, chunks: Sequence[ChunkRef]) -> bytearray:
         """The verified bytes of ``chunks`` (consecutive chunks of one file), concatenated;
@@ -477,7 +471,8 @@ class SnapshotReader:
 
         def write_patched(rng: _Span, view: memoryview, fd: int) -> None:
             for part, at in zip(rng.chunks, rng.positions):
-                chunk = part.chunk  # type: ignore[union-attr]
+                chunk = part.chunk
+                assert isinstance(part, _Part) and chunk is not None
                 assembled = bytearray(os.pread(fd, chunk.size, at))
                 start = part.offset - rng.offset
                 delta.apply(memoryview(assembled), view[start:start + part.size],
