@@ -11,7 +11,8 @@
 7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
 75    preempted, a final snapshot was committed (retry to resume; ``EX_TEMPFAIL``)
 76    preempted, no final snapshot (the previous one is kept)
-77    suspended on request, a final snapshot was committed (resume with ``cairn resume``)
+77    suspended on request (``cairn suspend``); the final snapshot committed, or, logged,
+      the previous one kept when the stopped workload's dump could not be stored
 130   interrupted (Ctrl-C)
 ====  ==============================================================
 
