@@ -87,6 +87,9 @@ class Uploader:
         self._stores: dict[str, Any] = {}
         self._retry_at: dict[str, float] = {}
         self._tries: dict[str, int] = {}
+        # Each key's page-delta state from its last commit, handed to the next (upload thread
+        # only): without it every spooled dump's changed chunks would be stored whole.
+        self._deltas: dict[tuple[str, ...], Any] = {}
         self._key = None if settings.key is None else _components(settings.key)
         self._beat: threading.Thread | None = None
 
@@ -194,7 +197,7 @@ class Uploader:
             return False
         url = self.settings.store or ticket.store
         try:
-            result = upload(self._store(url), spool, ticket)
+            result = upload(self._store(url), spool, ticket, deltas=self._deltas)
         except (CairnError, OSError) as e:
             if not spool.is_complete(entry):
                 self._finish(Result(entry, UploadOutcome.CANCELLED, ticket.epoch,

@@ -50,6 +50,7 @@ from cairn.process.images import read_reg_files
 from cairn.process.snapshot import IMAGES, FILES, IngestReport, TrackedFile, commit_dump, \
     tracked_sizes
 from cairn.store import Key, Store
+from cairn.store.delta import DeltaState
 from cairn.store.slotlog import Record, RecordKind
 
 log = logging.getLogger("cairn.spool")
@@ -415,11 +416,15 @@ def _entry_of(record: Record) -> str | None:
     return entry if isinstance(entry, str) else None
 
 
-def upload(store: Store, spool: Spool, ticket: Ticket) -> Result:
+def upload(store: Store, spool: Spool, ticket: Ticket, *,
+           deltas: dict[tuple[str, ...], DeltaState] | None = None) -> Result:
     """Commit ``ticket``'s entry as the next snapshot of its attempt, from this process.
 
     The attempt is taken over with :meth:`Store.resume_attempt` (records this uploader
-    committed earlier are adopted; a newer attempt's record fences it). Never commits after
+    committed earlier are adopted; a newer attempt's record fences it). ``deltas``, kept by
+    the caller from one upload to the next, carries each key's page-delta state (what the
+    last commit's page chunks were), so that a dump that changed scattered pages is stored as
+    page deltas here too (ADR 0022). Never commits after
     the attempt's own ``done``: a ``snap`` there would be listed as resumable. Idempotent: an
     entry whose commit landed before this process could say so is found by its name in the
     newest snapshot's metadata and not committed twice. Raises on a failure worth retrying
@@ -428,6 +433,8 @@ def upload(store: Store, spool: Spool, ticket: Ticket) -> Result:
     started = time.monotonic()
     attempt = store.resume_attempt(key, epoch=ticket.epoch, last_seq=ticket.last_seq,
                                    parent_seq=ticket.parent_seq)
+    if deltas is not None:
+        attempt.carry_deltas(deltas.pop(key.components, None))
     if attempt.fenced:
         return Result(ticket.entry, UploadOutcome.FENCED, ticket.epoch,
                       detail=f"a newer attempt opened key {key} after epoch {ticket.epoch}")
@@ -464,6 +471,8 @@ def upload(store: Store, spool: Spool, ticket: Ticket) -> Result:
         return Result(ticket.entry, UploadOutcome.FENCED, ticket.epoch,
                       detail=f"seq {attempt.log.next_seq} of key {key} was taken by another "
                              "attempt")
+    if deltas is not None:
+        deltas[key.components] = attempt.deltas
     return Result(ticket.entry, UploadOutcome.COMMITTED, ticket.epoch, seq=report.manifest.seq,
                   bytes_written=report.bytes_written, image_bytes=report.image_bytes,
                   frozen_us=report.frozen_us, upload_s=round(time.monotonic() - started, 3))

@@ -20,8 +20,8 @@ import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cairn.store.delta import DELTA_PAGE, MAX_DELTA_PAGES
-
+DELTA_PAGE = 4096  # a delta chunk replaces whole pages of this size
+MAX_DELTA_PAGES = 64  # a mask fits 64 bits; page chunks are 8 pages
 FLAG_DELTA = 1
 FLAG_SAME_SIZE = 2
 _KNOWN_FLAGS = FLAG_DELTA | FLAG_SAME_SIZE

@@ -12,15 +12,41 @@ that fails verification, never wrong data.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
 import xxhash
 
-DELTA_PAGE = 4096
-MAX_DELTA_PAGES = 64  # a mask fits 64 bits; page chunks are 8 pages
+from cairn.store.chunktable import DELTA_PAGE, MAX_DELTA_PAGES, ChunkRef
+
 PAGE_HASH_BYTES = 16
 # A delta pays a second read at restore; past half the pages, the whole chunk is cheaper.
 MAX_CHANGED_FRACTION = 0.5
 
 _hash = xxhash.xxh3_128_digest
+
+
+@dataclass
+class DeltaState:
+    """What a try's next page deltas are taken against: valid only on top of snapshot ``seq``
+    (the one it was left by). Lives in memory; a process that commits a try's snapshots one
+    after another (the spool's uploader) hands it from one to the next.
+
+    ``bases``: locator -> the full chunk there; ``hashes``: page hashes of those chunks, by
+    digest; ``delta_bases``: the base of each delta chunk snapshot ``seq`` references."""
+
+    seq: int | None = None
+    bases: dict[Hashable, ChunkRef] = field(default_factory=dict)
+    hashes: dict[str, bytes] = field(default_factory=dict)
+    delta_bases: dict[str, ChunkRef] = field(default_factory=dict)
+
+    def advanced(self, seq: int, bases: dict[Hashable, ChunkRef],
+                 delta_bases: dict[str, ChunkRef]) -> DeltaState:
+        """The state after snapshot ``seq`` committed with these bases; hashes of chunks no
+        longer a base are dropped, so memory stays at one snapshot's."""
+        keep = {ref.digest for ref in bases.values()}
+        return DeltaState(seq, dict(bases), {d: h for d, h in self.hashes.items() if d in keep},
+                          dict(delta_bases))
 
 
 def delta_eligible(size: int) -> bool:

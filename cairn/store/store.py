@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +37,7 @@ from cairn.exceptions import (
     StoreError,
 )
 from cairn.store.backend import Backend
+from cairn.store.delta import DeltaState
 from cairn.store.keys import Key
 from cairn.store.manifest import (
     ChunkRef,
@@ -595,12 +596,8 @@ class Attempt:
         self.resumed_from = parent
         # Dedup index: the parent's chunks and every chunk this attempt wrote itself.
         self.known_chunks: dict[str, ChunkRef] = {}
-        # Page deltas (cairn.store.delta), kept in memory for this try only: for each locator
-        # the full chunk the last snapshot had there, the page hashes of those chunks, and
-        # the base of every delta chunk this try wrote.
-        self.page_bases: dict[Hashable, str] = {}
-        self.page_hashes: dict[str, bytes] = {}
-        self.delta_bases: dict[str, str] = {}
+        # What page deltas are taken against (cairn.store.delta), in memory for this try.
+        self.deltas = DeltaState()
         if parent is not None:
             self._index(parent)
 
@@ -616,14 +613,12 @@ class Attempt:
         for chunk in manifest.chunk_refs():
             self.known_chunks.setdefault(chunk.digest, chunk)
 
-    def adopt_page_bases(self, bases: dict[Hashable, str], delta_bases: dict[str, str]) -> None:
-        """After a commit: ``bases`` (locator -> full chunk) is what the next snapshot's page
-        deltas are taken against, and ``delta_bases`` the base of each delta chunk it holds;
-        what only older snapshots needed is dropped, so memory stays at one snapshot's."""
-        self.page_bases = dict(bases)
-        self.delta_bases = dict(delta_bases)
-        keep = set(bases.values())
-        self.page_hashes = {d: h for d, h in self.page_hashes.items() if d in keep}
+    def carry_deltas(self, state: DeltaState | None) -> None:
+        """Take over the page-delta state another attempt object of this try left (the
+        uploader commits each spooled dump through a new one); ignored unless it was left on
+        top of this attempt's parent."""
+        if state is not None and self.parent is not None and state.seq == self.parent.seq:
+            self.deltas = state
 
     def forget_pack(self, pack: str) -> None:
         for digest in [d for d, ref in self.known_chunks.items() if pack in ref.packs()]:
@@ -639,7 +634,7 @@ class Attempt:
         and the only source of dedup besides this attempt's own uploads."""
         self.parent = manifest
         self.known_chunks = {}
-        self.page_bases = {}
+        self.deltas = DeltaState()
         self._index(manifest)
 
     def remember(self, manifest: Manifest) -> None:

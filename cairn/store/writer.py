@@ -85,8 +85,8 @@ class SnapshotWriter:
         self._closed = False
         # locator -> the full chunk that the next snapshot's chunk there may be a delta of,
         # and the base of every delta chunk this snapshot references
-        self._bases: dict[Hashable, str] = {}
-        self._delta_bases: dict[str, str] = {}
+        self._bases: dict[Hashable, ChunkRef] = {}
+        self._delta_bases: dict[str, ChunkRef] = {}
         self.stats = WriteStats()
 
     # -- adding data ---------------------------------------------------------------------
@@ -206,27 +206,28 @@ class SnapshotWriter:
     def _track(self, locator: Hashable, ref: ChunkRef, data: memoryview,
                hashes: bytes | None = None) -> None:
         """Note the full chunk the next snapshot's chunk at ``locator`` may be a delta of."""
-        base = ref.digest if not ref.is_delta else self._attempt.delta_bases.get(ref.digest)
+        state = self._attempt.deltas
+        base = ref if not ref.is_delta else state.delta_bases.get(ref.digest)
         if base is None:  # a delta from an earlier try, whose base this one never saw
             return
-        if ref.is_delta:
-            self._delta_bases[ref.digest] = base
-        if base not in self._attempt.page_hashes:
+        if base.digest not in state.hashes:
             if ref.is_delta:
                 return
-            self._attempt.page_hashes[base] = hashes or delta.page_hashes(data)
+            state.hashes[base.digest] = hashes or delta.page_hashes(data)
+        if ref.is_delta:
+            self._delta_bases[ref.digest] = base
         self._bases[locator] = base
 
     def _add_delta(self, data: memoryview, digest: str, locator: Hashable
                    ) -> tuple[ChunkRef | None, bytes | None]:
         """Store ``data`` as a delta of the previous snapshot's chunk at ``locator`` if that
         saves enough; else ``(None, the page hashes if computed)``."""
-        base_digest = self._attempt.page_bases.get(locator)
-        if base_digest is None:
+        state = self._attempt.deltas
+        base = state.bases.get(locator)
+        if base is None or base.is_delta or base.size != len(data):
             return None, None
-        base = self._attempt.known_chunks.get(base_digest)
-        base_hashes = self._attempt.page_hashes.get(base_digest)
-        if base is None or base.is_delta or base.size != len(data) or base_hashes is None:
+        base_hashes = state.hashes.get(base.digest)
+        if base_hashes is None:
             return None, None
         hashes = delta.page_hashes(data)
         mask = delta.changed_mask(hashes, base_hashes)
@@ -236,9 +237,9 @@ class SnapshotWriter:
         pack, offset = self._packs.add(pages)
         self.stats.bytes_written += len(pages)
         self.stats.chunks_delta += 1
-        self._attempt.delta_bases[digest] = base_digest
-        self._delta_bases[digest] = base_digest
-        self._bases[locator] = base_digest
+        state.delta_bases[digest] = base
+        self._delta_bases[digest] = base
+        self._bases[locator] = base
         return ChunkRef(digest, len(data), pack, offset, base.pack, base.offset, mask), None
 
     def _reuse(self, digest: str, size: int) -> ChunkRef | None:
@@ -324,7 +325,8 @@ class SnapshotWriter:
             raise
         self._closed = True
         if self._bases:
-            self._attempt.adopt_page_bases(self._bases, self._delta_bases)
+            self._attempt.deltas = self._attempt.deltas.advanced(manifest.seq, self._bases,
+                                                                 self._delta_bases)
         return manifest
 
     def _metadata(self, step: int | None, compat: Mapping[str, Any] | None,

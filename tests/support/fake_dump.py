@@ -36,9 +36,11 @@ def image(path: Path, magic: int, messages: list[bytes]) -> None:
 
 
 def fake_dump(image_dir: str | os.PathLike[str], *, appended: dict[str, int] | None = None,
-              pages: bytes | None = None, frozen_us: int = 1234) -> Path:
+              pages: bytes | None = None, frozen_us: int = 1234,
+              pages_at: int | None = None) -> Path:
     """Write ``stats-dump``, ``files.img`` (each of ``appended``: a file open for append at
-    that position, as CRIU records a log), ``pages-1.img`` and a ``dump.log``."""
+    that position, as CRIU records a log), ``pages-1.img`` and a ``dump.log``; with
+    ``pages_at``, also ``pagemap-1.img`` placing every page at that virtual address on."""
     d = Path(image_dir)
     d.mkdir(parents=True, exist_ok=True)
     stats = b"".join(field(n, v) for n, v in [(1, 5), (2, frozen_us), (3, 7), (4, 8),
@@ -49,6 +51,10 @@ def fake_dump(image_dir: str | os.PathLike[str], *, appended: dict[str, int] | N
         reg = field(1, index) + field(2, 0o102001) + field(3, pos) + field(6, path.encode())
         messages.append(field(1, 1) + field(2, index) + field(3, reg))
     image(d / "files.img", I.FILES_MAGIC, messages)
-    (d / "pages-1.img").write_bytes(pages if pages is not None else os.urandom(3 * I.PAGE_SIZE))
+    data = pages if pages is not None else os.urandom(3 * I.PAGE_SIZE)
+    (d / "pages-1.img").write_bytes(data)
+    if pages_at is not None:
+        entry = field(1, pages_at) + field(2, len(data) // I.PAGE_SIZE) + field(4, I.PE_PRESENT)
+        image(d / "pagemap-1.img", I.PAGEMAP_MAGIC, [field(1, 1), entry])
     (d / "dump.log").write_text("(00.000001) Dumping finished successfully\n")
     return d

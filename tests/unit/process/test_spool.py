@@ -228,6 +228,38 @@ def test_upload_commits_as_the_attempts_next_snapshot(tmp_path: Path) -> None:
         assert [i.seq for i in store.snapshots(KEY)] == [again.seq, result.seq]
 
 
+@pytest.mark.parametrize("carried", [True, False])
+def test_the_uploader_carries_page_deltas_from_one_spooled_dump_to_the_next(
+        tmp_path: Path, carried: bool) -> None:
+    import random
+
+    pages = bytearray(random.Random(1).randbytes(16 * 32768))
+    changed = bytearray(pages)
+    for page in (3, 40, 41):  # in 32 KiB chunks 0 and 5
+        changed[page * 4096:(page + 1) * 4096] = random.Random(page).randbytes(4096)
+    deltas: dict[tuple[str, ...], object] | None = {} if carried else None
+    with open_store(str(tmp_path / "store")) as store:
+        attempt = store.open_attempt(KEY)
+        spool = Spool(str(tmp_path / "spool"))
+        results = []
+        for data in (pages, changed):
+            entry = spool.new_entry(attempt.epoch)
+            fake_dump(spool.images_dir(entry), pages=bytes(data), pages_at=0x7F0000000000)
+            ticket = spool.hand_off(entry, key=KEY, store=store.url, epoch=attempt.epoch,
+                                    last_seq=attempt.log.last_seq, parent_seq=None,
+                                    compat={}, info={}, tracked_paths=[])
+            results.append(spool_mod.upload(store, spool, ticket, deltas=deltas))  # type: ignore[arg-type]
+        manifest = store.manifest(KEY, results[1].seq)
+        chunks = manifest.file("images/pages-1.img").chunks
+        if carried:
+            assert [i for i, c in enumerate(chunks) if c.is_delta] == [0, 5]
+            assert results[1].bytes_written < 4 * 4096 + 4096  # 3 pages and the small images
+        else:
+            assert not any(c.is_delta for c in chunks), "a fresh attempt object knows no bases"
+            assert results[1].bytes_written >= 2 * 32768
+        assert store.reader(manifest).read_file("images/pages-1.img") == bytes(changed)
+
+
 def test_a_ticket_from_a_fenced_attempt_is_dropped(tmp_path: Path) -> None:
     with open_store(str(tmp_path / "store")) as store:
         old = store.open_attempt(KEY)
