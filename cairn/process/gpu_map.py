@@ -24,7 +24,8 @@ REMAP_DRIVER = 580
 @dataclass(frozen=True)
 class GpuPlan:
     """``pairs``: (old UUID, new UUID) for every snapshot GPU, empty when each restores onto
-    itself (no remap asked of the driver); ``reason``: why it cannot restore here, or ''."""
+    itself (no remap asked of the driver) unless ``CAIRN_GPU_MAP`` was given on driver >= 580,
+    which always sends them; ``reason``: why it cannot restore here, or ''."""
 
     pairs: tuple[tuple[str, str], ...] = ()
     reason: str = ""
@@ -95,8 +96,8 @@ def plan(snapshot_gpus: Sequence[Mapping[str, Any]], here: Sequence[Mapping[str,
             return GpuPlan(reason=f"GPU {new['uuid']} has {_gib(available)} free and the "
                            f"snapshot holds {_gib(need)} of device memory for it")
     pairs = tuple((old["uuid"], new["uuid"]) for old, new in zip(snapshot_gpus, targets))
-    if all(o == n for o, n in pairs):
-        return GpuPlan()
+    if all(o == n for o, n in pairs) and not (gpu_map and _driver_major(driver) >= REMAP_DRIVER):
+        return GpuPlan()  # the same GPUs: nothing to ask of the driver (unless asked by map)
     if _driver_major(driver) < REMAP_DRIVER:
         moved = ", ".join(f"{o} -> {n}" for o, n in pairs if o != n)
         return GpuPlan(reason=f"the snapshot's GPUs are not here ({moved}) and driver "

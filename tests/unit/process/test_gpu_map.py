@@ -23,6 +23,14 @@ def test_the_same_gpus_need_no_pairs_on_any_driver() -> None:
     assert plan([snap("GPU-a")], [here("GPU-a")], driver="570.86.10") == GpuPlan()
 
 
+def test_an_explicit_identity_map_is_sent_on_580_only() -> None:
+    identity = {"GPU-a": "GPU-a"}
+    assert plan([snap("GPU-a")], [here("GPU-a")], driver="580.65.06",
+                gpu_map=identity).pairs == (("GPU-a", "GPU-a"),)
+    assert plan([snap("GPU-a")], [here("GPU-a")], driver="570.86.10",
+                gpu_map=identity) == GpuPlan()
+
+
 def test_other_uuids_map_in_visible_order_on_580() -> None:
     got = plan([snap("GPU-a"), snap("GPU-b")], [here("GPU-y"), here("GPU-x"), here("GPU-z")],
                driver="580.65.06")
