@@ -213,3 +213,13 @@ def test_no_driver_means_none(monkeypatch, tmp_path: Path) -> None:
 def test_errors_are_cairn_process_errors() -> None:
     for cls in (cuda.GpuStateError, cuda.GpuLockTimeout, cuda.GpuRestoreRefused):
         assert issubclass(cls, ProcessError) and not issubclass(cls, ValueError)
+
+
+def test_the_restore_thread_id_is_answered_for_a_registered_process(api, fake_driver,
+                                                                    workloads) -> None:
+    w = workloads({UUID_A: GIB})
+    lib = ctypes.CDLL(str(fake_driver.library))  # the instance cairn initialized
+    tid = ctypes.c_int()
+    assert lib.cuCheckpointProcessGetRestoreThreadId(w.pid, ctypes.byref(tid)) == 0
+    assert tid.value == w.pid  # the fake has no thread of its own in the workload
+    assert lib.cuCheckpointProcessGetRestoreThreadId(1 << 22, ctypes.byref(tid)) == 500
