@@ -77,12 +77,22 @@ def gather(data: memoryview, mask: int) -> bytes:
                      for page in range(len(data) // DELTA_PAGE) if mask >> page & 1])
 
 
+def positions(mask: int) -> list[tuple[int, int]]:
+    """``(page index in the chunk, offset in the stored pages)`` of each page a delta holds."""
+    out = []
+    page = taken = 0
+    while mask:
+        if mask & 1:
+            out.append((page, taken))
+            taken += DELTA_PAGE
+        mask >>= 1
+        page += 1
+    return out
+
+
 def apply(chunk: memoryview, pages: memoryview, mask: int) -> None:
     """Overwrite, in ``chunk`` (holding the base's bytes), each page whose bit is set with the
     next page of ``pages``."""
-    taken = 0
-    for page in range(len(chunk) // DELTA_PAGE):
-        if mask >> page & 1:
-            at = page * DELTA_PAGE
-            chunk[at:at + DELTA_PAGE] = pages[taken:taken + DELTA_PAGE]
-            taken += DELTA_PAGE
+    for page, taken in positions(mask):
+        at = page * DELTA_PAGE
+        chunk[at:at + DELTA_PAGE] = pages[taken:taken + DELTA_PAGE]

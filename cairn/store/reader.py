@@ -470,16 +470,21 @@ class SnapshotReader:
                 pwrite_all(fd, view[start:start + length], at)
 
         def write_patched(rng: _Span, view: memoryview, fd: int) -> None:
+            scratch = bytearray(max(part.chunk.size for part in rng.chunks  # type: ignore[union-attr]
+                                    ))
             for part, at in zip(rng.chunks, rng.positions):
                 chunk = part.chunk
                 assert isinstance(part, _Part) and chunk is not None
-                assembled = bytearray(os.pread(fd, chunk.size, at))
+                assembled = memoryview(scratch)[:chunk.size]
+                got = os.preadv(fd, [assembled], at)  # the base, written by the first pass
                 start = part.offset - rng.offset
-                delta.apply(memoryview(assembled), view[start:start + part.size],
-                            chunk.delta_mask)
-                if len(assembled) != chunk.size or compute_digest(assembled) != chunk.digest:
+                pages = view[start:start + part.size]
+                delta.apply(assembled, pages, chunk.delta_mask)
+                if got != chunk.size or compute_digest(assembled) != chunk.digest:
                     raise _bad_chunk(chunk, self.manifest.seq)
-                pwrite_all(fd, memoryview(assembled), at)
+                for page, taken in delta.positions(chunk.delta_mask):  # only what changed
+                    pwrite_all(fd, pages[taken:taken + delta.DELTA_PAGE],
+                               at + page * delta.DELTA_PAGE)
 
         def submit(out: _OpenFile, span: _Span, write: Callable[[_Span, memoryview, int], None],
                    counted: int) -> None:
