@@ -175,21 +175,11 @@ def page_cuts(runs: list[PageRun], *, every: int = PAGE_CHUNK) -> list[int]:
     return [offset for offset, _ in _chunk_starts(runs, every)]
 
 
-def cut_addresses(runs: list[PageRun], *, every: int = PAGE_CHUNK) -> list[int]:
-    """The virtual address at each of :func:`page_cuts`' offsets: where the chunk starting
-    there sits in the process, which stays true across dumps (the store's delta locator)."""
-    return [vaddr for _, vaddr in _chunk_starts(runs, every)]
-
-
-def pages_cuts_by_file(image_dir: str | os.PathLike[str]) -> dict[str, list[int]]:
-    """For every ``pages-<id>.img`` in ``image_dir``, its cut offsets (from its pagemap)."""
-    return {name: cuts for name, (cuts, _) in pages_layout_by_file(image_dir).items()}
-
-
 def pages_layout_by_file(image_dir: str | os.PathLike[str]
                          ) -> dict[str, tuple[list[int], list[int]]]:
-    """For every ``pages-<id>.img`` in ``image_dir``, its cut offsets and the virtual address
-    at each (from its pagemap)."""
+    """For every ``pages-<id>.img`` in ``image_dir``, its :func:`page_cuts` offsets and the
+    virtual address at each (from its pagemap): where each chunk sits in the process, which
+    stays true across dumps (the store's delta locator)."""
     out: dict[str, tuple[list[int], list[int]]] = {}
     for name in sorted(os.listdir(image_dir)):
         if name.startswith("pagemap-") and name.endswith(".img"):

@@ -66,10 +66,6 @@ class ChunkRef:
     def packs(self) -> tuple[str, ...]:
         return (self.pack,) if self.base_pack is None else (self.pack, self.base_pack)
 
-    def to_json(self) -> list[object]:
-        """Schema 1's JSON form (full chunks only; schema 2 writes :func:`encode`'s table)."""
-        return [self.digest, self.size, self.pack, self.offset]
-
 
 class TableError(ValueError):
     """The table is malformed (the message says where)."""

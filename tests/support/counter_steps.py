@@ -10,15 +10,23 @@ import sys
 import time
 
 
-def main() -> None:
-    metrics, steps = sys.argv[1], int(sys.argv[2])
-    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+def arguments() -> tuple[str, int, float]:
+    """``METRICS STEPS [SLEEP_SECONDS]`` from the command line."""
+    return sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+
+
+def count(metrics: str, steps: int, pause: float) -> None:
+    """Append and print steps 0 .. ``steps``-1, ``pause`` seconds apart."""
     with open(metrics, "a") as out:
         for step in range(steps):
             out.write(f"{step}\n")
             out.flush()
             print(f"step {step}", flush=True)
             time.sleep(pause)
+
+
+def main() -> None:
+    count(*arguments())
     print("done", flush=True)
 
 

@@ -11,21 +11,16 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import time
+
+from counter_steps import arguments, count  # run as a script: this folder is on sys.path
 
 
 def main() -> None:
-    metrics, steps = sys.argv[1], int(sys.argv[2])
-    pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+    args = arguments()
     lib = ctypes.CDLL(os.environ["CAIRN_CUDA_LIBRARY"])
     if lib.fakecudaRegister(os.environ["FAKE_GPU_MEMORY"].encode()) != 0:
         sys.exit("fakecudaRegister failed: is FAKECUDA_STATE_DIR set and the GPU in FAKECUDA_GPUS?")
-    with open(metrics, "a") as out:
-        for step in range(steps):
-            out.write(f"{step}\n")
-            out.flush()
-            print(f"step {step}", flush=True)
-            time.sleep(pause)
+    count(*args)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ def test_pagemap_runs_and_cuts_follow_regions_and_addresses(tmp_path: Path) -> N
     second = 2 * page
     # each present run starts a chunk; inside it, every 32 KiB address boundary does too
     assert cuts == [0, second, second + (32 << 10) - page, second + 2 * (32 << 10) - page]
-    assert I.pages_cuts_by_file(tmp_path) == {"pages-4.img": cuts}
+    assert {name: c for name, (c, _) in I.pages_layout_by_file(tmp_path).items()} == {
+        "pages-4.img": cuts}
 
 
 def test_old_pagemap_without_flags_uses_in_parent(tmp_path: Path) -> None:

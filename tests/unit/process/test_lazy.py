@@ -39,7 +39,7 @@ def snapshot_with_pages(tmp_path: Path):  # noqa: ANN201 - (store, manifest, pag
     (images / "pages-1.img").write_bytes(pages)
     store = open_store(str(tmp_path / "store"))
     attempt = store.open_attempt(Key.parse("t/lazy/1"))
-    cuts = I.pages_cuts_by_file(images)["pages-1.img"]
+    cuts = I.pages_layout_by_file(images)["pages-1.img"][0]
     with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
         snap.add_file(f"images/pagemap-{PID}.img", images / f"pagemap-{PID}.img")
         snap.add_file("images/pages-1.img", images / "pages-1.img", cuts=cuts)
