@@ -1136,6 +1136,9 @@ class Supervisor:
                     code=None if code is None else int(code), started_at=self._status.started_at,
                     maintenance=self._notice is not None and "maintenance" in self._notice.source,
                     snapshot_seq=self._last_committed_seq(), snapshot_cost_s=self.cost.seconds,
+                    frozen_s=round(self._status.frozen_seconds, 4) if self.cost.history else None,
+                    gpu_stall_s=round(self._status.gpu_stall_seconds, 4)
+                    if self.cost.history else None,
                     detail=detail)
 
     def _kill_child(self) -> None:

@@ -123,14 +123,17 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
 
 def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_at: float,
                 maintenance: bool = False, snapshot_seq: int | None = None,
-                snapshot_cost_s: float | None = None,
+                snapshot_cost_s: float | None = None, frozen_s: float | None = None,
+                gpu_stall_s: float | None = None,
                 detail: dict[str, Any] | None = None) -> bool:
     """Leave the outcome record of a process-mode try that exited with ``code`` (see
-    :func:`outcome_kind_for_exit`); best effort."""
+    :func:`outcome_kind_for_exit`); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
+    total CRIU frozen time and GPU stall."""
     outcome = Outcome(
         epoch=epoch, outcome=outcome_kind_for_exit(code, maintenance=maintenance),
         started_at=started_at, ended_at=max(time.time(), started_at),
         progress=Progress(snapshot_seq=snapshot_seq), snapshot_cost_s=snapshot_cost_s,
+        frozen_s=frozen_s, gpu_stall_s=gpu_stall_s,
         detail={"mode": "process", "exit_code": code, **(detail or {})})
     return record_best_effort(store, key, outcome)
 

@@ -89,6 +89,8 @@ class Outcome:
 
     ``snapshot_cost_s``: the measured time a snapshot stalled or took (the median of the try's,
     say); ``restore_cost_s``: the time the try spent restoring before it could work.
+    ``frozen_s`` / ``gpu_stall_s``: a process-mode try's total of CRIU's frozen time and of its
+    GPU stall (CUDA lock -> unlock) over its snapshots, None when not measured.
     ``option``: the name of the capacity option the try ran on; ``reason``: the one-line reason
     of the placement decision that put it there. ``detail``: free-form JSON.
     """
@@ -100,6 +102,8 @@ class Outcome:
     progress: Progress = field(default_factory=Progress)
     snapshot_cost_s: float | None = None
     restore_cost_s: float | None = None
+    frozen_s: float | None = None
+    gpu_stall_s: float | None = None
     option: str | None = None
     reason: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
@@ -120,7 +124,7 @@ class Outcome:
                                   "the epoch")
         if self.ended_at < self.started_at:
             raise ConfigError("outcome ended_at is before started_at; swap them or fix the clock")
-        for name in ("snapshot_cost_s", "restore_cost_s"):
+        for name in ("snapshot_cost_s", "restore_cost_s", "frozen_s", "gpu_stall_s"):
             value = getattr(self, name)
             if value is not None and (not _finite(value) or value < 0):
                 raise ConfigError(f"outcome {name} must be a non-negative number of seconds or "
@@ -151,6 +155,8 @@ class Outcome:
                          "snapshot_seq": p.snapshot_seq},
             "snapshot_cost_s": self.snapshot_cost_s,
             "restore_cost_s": self.restore_cost_s,
+            "frozen_s": self.frozen_s,
+            "gpu_stall_s": self.gpu_stall_s,
             "option": self.option,
             "reason": self.reason,
             "detail": dict(self.detail),
@@ -217,6 +223,8 @@ def decode_outcome(data: bytes, *, epoch: int) -> Outcome:
                                                          "total_steps", "snapshot_seq")}),
             snapshot_cost_s=doc.get("snapshot_cost_s"),
             restore_cost_s=doc.get("restore_cost_s"),
+            frozen_s=doc.get("frozen_s"),
+            gpu_stall_s=doc.get("gpu_stall_s"),
             option=doc.get("option"),
             reason=doc.get("reason"),
             detail=doc.get("detail") or {},

@@ -5,6 +5,7 @@ it received. No GPU is involved; scripts/gpu_check.py is the check on a real one
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cairn.store import Key, open_store
+from cairn.store.outcomes import OutcomeKind
 from tests.support.cairn_run import CairnRun, can_run_criu, descendants, gone, metric_steps, \
     wait_for
 from tests.support.fakecuda import GIB, UUID_A, UUID_B, FakeDriver, Gpu, fake_library
@@ -164,7 +167,8 @@ def test_a_first_final_dump_counts_the_gpu_copy_in_its_estimate(place: dict) -> 
 
 
 def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> None:
-    run = _run(place, Gpu(UUID_A), grace="4s")
+    status_file = place["work"] / "status.json"
+    run = _run(place, Gpu(UUID_A), grace="4s", CAIRN_STATUS_FILE=str(status_file))
     _after_snapshots(run, 1)
     place["control"].write_text("hang=cuCheckpointProcessLock\n")
     run.signal(signal.SIGTERM)
@@ -172,3 +176,19 @@ def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> 
     final_lock = place["driver"].calls("cuCheckpointProcessLock")[-1]
     assert final_lock["rc"] == 909 and 0 < final_lock["timeout_ms"] <= 2000, final_lock
     assert "did not stop within" in run.stderr
+    assert "CUDA_ERROR_TIMEOUT" in run.stderr  # the driver's code named, not a bare number
+
+    # The GPU stall (lock -> unlock) of the committed snapshots is reported beside CRIU's
+    # frozen time: in each log line, status.json and the outcome record, where it encloses
+    # the frozen time (the CRIU dump runs while the GPU is locked).
+    stalls = [float(ms) for ms in re.findall(r"frozen \d+ ms \(CRIU\), GPU stalled (\d+) ms "
+                                             r"\(lock to unlock\)", run.stderr)]
+    assert len(stalls) == len(run.committed()) >= 1, run.stderr
+    status = json.loads(status_file.read_text())
+    with open_store(place["store"], create=False) as store:
+        (outcome,) = store.outcomes(Key.parse("gpu/fake/1"))
+    assert outcome.outcome is OutcomeKind.PREEMPTED
+    assert outcome.gpu_stall_s == pytest.approx(status["gpu_stall_seconds"], abs=1e-3)
+    assert outcome.frozen_s == pytest.approx(status["frozen_seconds"], abs=1e-3)
+    assert 0 < outcome.frozen_s < outcome.gpu_stall_s
+    assert outcome.gpu_stall_s == pytest.approx(sum(stalls) / 1000, abs=0.01)

@@ -27,7 +27,8 @@ def test_outcomes_round_trip_in_epoch_order(store: Store) -> None:
                      ended_at=T + 9000.5,
                      progress=Progress(start_step=400, end_step=1000, kept_step=1000,
                                        total_steps=1000, snapshot_seq=9),
-                     snapshot_cost_s=12.5, restore_cost_s=20.0, option="a100-ondemand",
+                     snapshot_cost_s=12.5, restore_cost_s=20.0, frozen_s=0.42,
+                     gpu_stall_s=1.25, option="a100-ondemand",
                      reason="a100-ondemand: 3 preemptions >= K=3: off spot",
                      detail={"pod": "train-abc", "estimates": {"a100-spot": {"mtbf_h": 1.5}}})
     store.record_outcome(KEY, second)
