@@ -223,3 +223,38 @@ def test_the_restore_thread_id_is_answered_for_a_registered_process(api, fake_dr
     assert lib.cuCheckpointProcessGetRestoreThreadId(w.pid, ctypes.byref(tid)) == 0
     assert tid.value == w.pid  # the fake has no thread of its own in the workload
     assert lib.cuCheckpointProcessGetRestoreThreadId(1 << 22, ctypes.byref(tid)) == 500
+
+
+@pytest.mark.parametrize("call", ["cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+                                  "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock"])
+@pytest.mark.parametrize(("code", "error", "named"), [
+    (401, cuda.GpuStateError, "CUDA_ERROR_ILLEGAL_STATE"),
+    (600, cuda.GpuCheckpointError, "CUDA_ERROR_NOT_READY"),
+    (909, cuda.GpuCheckpointError, "CUDA_ERROR_TIMEOUT"),
+    (999, cuda.GpuCheckpointError, "unknown error (CUDA_ERROR_UNKNOWN)"),
+    (12345, cuda.GpuCheckpointError, "CUDA error 12345"),  # no name in cuda.h, nor the fake's
+])
+def test_every_driver_error_is_a_clear_cairn_error(api, fake_driver, workloads, monkeypatch,
+                                                   call, code, error, named) -> None:
+    w = workloads({UUID_A: GIB})
+    if call != "cuCheckpointProcessLock":
+        api.lock(w.pid, timeout_ms=1000)
+    if call == "cuCheckpointProcessRestore":
+        api.checkpoint(w.pid)
+    monkeypatch.setenv("FAKECUDA_FAIL", f"{call}={code}")
+    step = {"cuCheckpointProcessLock": lambda: api.lock(w.pid, timeout_ms=1000),
+            "cuCheckpointProcessCheckpoint": lambda: api.checkpoint(w.pid),
+            "cuCheckpointProcessRestore": lambda: api.restore(w.pid),
+            "cuCheckpointProcessUnlock": lambda: api.unlock(w.pid)}[call]
+    with pytest.raises(error) as caught:
+        step()
+    assert not isinstance(caught.value, ValueError)
+    message = str(caught.value)
+    assert message.startswith(call) and f"pid {w.pid}" in message and named in message
+    assert caught.value.code == code
+    if call == "cuCheckpointProcessLock" and code in (600, 909):
+        assert isinstance(caught.value, cuda.GpuLockTimeout)  # the two a lock may time out with
+        assert "did not stop within 1000 ms" in message
+    elif call == "cuCheckpointProcessRestore" and code != 401:
+        assert type(caught.value) is cuda.GpuCheckpointError  # not taken for a refused remap
+
