@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from cairn.exceptions import NotSnapshottable, ProcessError
 from cairn.process import doctor  # the meminfo and cgroup readers
+from cairn.process.gpu_refusals import STATE_MODE_FIX
 from cairn.runtime.env import CUDA_LIBRARY
 
 LIBCUDA = CUDA_LIBRARY.default or "libcuda.so.1"
@@ -194,8 +195,7 @@ class CudaCheckpoint:
         if code == CudaError.NOT_SUPPORTED:
             raise NotSnapshottable(
                 f"{call}{where}: the driver cannot checkpoint this process ({text}); "
-                "UVM/managed memory and CUDA IPC are not supported. Use state mode "
-                "(cairn.Checkpointer) for this workload")
+                f"UVM/managed memory and CUDA IPC are not supported; {STATE_MODE_FIX}")
         if call == "cuCheckpointProcessLock" and code in (CudaError.NOT_READY, CudaError.TIMEOUT):
             raise GpuLockTimeout(
                 f"{call}{where}: the process's CUDA work did not stop within {timeout_ms} ms "

@@ -70,6 +70,7 @@ from cairn.process import criu as criu_mod
 from cairn.process import cuda as cuda_mod
 from cairn.process import gpu_budget
 from cairn.process import gpu_map as gpu_map_mod
+from cairn.process import gpu_refusals
 from cairn.process import gpus as gpus_mod
 from cairn.process import pids as pids_mod
 from cairn.process import snapshot as snap_mod
@@ -624,9 +625,15 @@ class Supervisor:
             else:
                 gpu = cuda_mod.cuda_pids(api, tree)
                 if gpu:
-                    self._gpu_use = gpus_mod.inventory().use_of(tree)
-                    cuda_mod.check_fits(self._gpu_use.total,
-                                        device_wide=not self._gpu_use.matched)
+                    inventory = gpus_mod.inventory()
+                    self._gpu_use = inventory.use_of(tree)
+                    problems += gpu_refusals.problems(tree, files, cuda_pids=gpu,
+                                                      inventory=inventory, use=self._gpu_use)
+                    if not problems:
+                        cuda_mod.check_fits(self._gpu_use.total,
+                                            device_wide=not self._gpu_use.matched)
+        if not gpu:  # RDMA devices and NCCL's or CUDA's shared memory, whatever the driver says
+            problems += gpu_refusals.problems(tree, files, cuda_pids=[])
         if problems:
             raise NotSnapshottable("cannot snapshot the workload:\n  " +
                                    "\n  ".join(str(p) for p in problems))
