@@ -50,7 +50,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,9 +176,14 @@ def _prctl(option: int, arg: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _gpu_text(stall_s: float) -> str:
-    """The GPU stall (lock -> unlock) for a snapshot's log line, beside CRIU's frozen time."""
-    return f", GPU stalled {stall_s * 1000:.0f} ms (lock to unlock)" if stall_s else ""
+def _gpu_text(figures: Mapping[str, float]) -> str:
+    """The GPU stall (lock -> unlock) for a snapshot's log line, beside CRIU's frozen time,
+    with its lock and checkpoint (device-to-host copy) parts."""
+    if not figures.get("gpu_stall_ms"):
+        return ""
+    return (f", GPU stalled {figures['gpu_stall_ms']:.0f} ms (lock to unlock; lock "
+            f"{figures.get('gpu_lock_s', 0) * 1000:.0f} ms + checkpoint "
+            f"{figures.get('gpu_checkpoint_s', 0) * 1000:.0f} ms)")
 
 
 def _describe_pid(pid: int) -> str:
@@ -722,7 +727,7 @@ class Supervisor:
         image_dir: str | None = None
         entry: str | None = None
         handed = False
-        gpu_stall_s = gpu_checkpoint_s = 0.0
+        gpu_stall_s = gpu_checkpoint_s = gpu_lock_s = 0.0
         try:
             tree = workload.process_tree(self.child)
             tracked, gpu = self._check_dumpable(tree)
@@ -748,6 +753,7 @@ class Supervisor:
                                   ghost_limit=self.settings.ghost_limit,
                                   timeout=max(1.0, started + timeout - time.monotonic()))
                 gpu_stall_s, gpu_checkpoint_s = stall.total_s, stall.checkpoint_s
+                gpu_lock_s = stall.lock_s
             else:
                 criu_mod.dump(self._criu, self.child, image_dir, leave_running=leave_running,
                               ghost_limit=self.settings.ghost_limit, timeout=timeout)
@@ -758,6 +764,7 @@ class Supervisor:
                       if gpu and self._gpu_use else self._compat)
             gpu_figures = {"gpu_stall_ms": round(gpu_stall_s * 1000, 1),
                            "gpu_checkpoint_s": round(gpu_checkpoint_s, 4),
+                           "gpu_lock_s": round(gpu_lock_s, 4),
                            "gpu_bytes": self._gpu_use.total if gpu and self._gpu_use else 0}
             info = {"root_pid": self.child, "pids": tree, "gpu_pids": gpu,
                     "leave_running": leave_running, "runtime_s": round(runtime, 3)}
@@ -804,7 +811,7 @@ class Supervisor:
                      last_seq=report.manifest.seq, last_success_at=time.time())
         log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU)%s, image %.1f MB, written "
                     "%.1f MB (%.0f%%), staging %.1f MB in %s, dump %.2fs + ingest %.2fs",
-                    report.manifest.seq, report.frozen_us / 1000, _gpu_text(gpu_stall_s),
+                    report.manifest.seq, report.frozen_us / 1000, _gpu_text(gpu_figures),
                     report.image_bytes / 1e6,
                     report.bytes_written / 1e6,
                     100 * report.bytes_written / max(report.image_bytes, 1), staged / 1e6,
@@ -829,7 +836,7 @@ class Supervisor:
                      stall_seconds=st.stall_seconds + dumped - started)
         log.warning("snapshot spooled as entry %s: frozen %.0f ms (CRIU)%s, image %.1f MB, dump "
                     "%.2fs + hand-off %.2fs; the sidecar uploads it", entry, frozen_us / 1000,
-                    _gpu_text(gpu_stall_s),
+                    _gpu_text(gpu_figures),
                     staged / 1e6, dumped - started, done - dumped)
         return _Saved(entry=entry)
 

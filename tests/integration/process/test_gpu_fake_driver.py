@@ -181,8 +181,10 @@ def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> 
     # The GPU stall (lock -> unlock) of the committed snapshots is reported beside CRIU's
     # frozen time: in each log line, status.json and the outcome record, where it encloses
     # the frozen time (the CRIU dump runs while the GPU is locked).
-    stalls = [float(ms) for ms in re.findall(r"frozen \d+ ms \(CRIU\), GPU stalled (\d+) ms "
-                                             r"\(lock to unlock\)", run.stderr)]
+    parts = re.findall(r"frozen \d+ ms \(CRIU\), GPU stalled (\d+) ms \(lock to unlock; "
+                       r"lock (\d+) ms \+ checkpoint (\d+) ms\)", run.stderr)
+    stalls = [float(stall) for stall, _, _ in parts]
+    assert all(int(stall) >= int(lock) + int(ckpt) - 1 for stall, lock, ckpt in parts), parts
     assert len(stalls) == len(run.committed()) >= 1, run.stderr
     status = json.loads(status_file.read_text())
     with open_store(place["store"], create=False) as store:
