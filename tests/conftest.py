@@ -76,12 +76,26 @@ def local_backend(tmp_path) -> LocalBackend:
 
 
 
+@pytest.fixture(params=["plain", "sealed"])
+def store_secret(request: pytest.FixtureRequest):  # noqa: ANN201 - a Secret or None
+    """None for an unencrypted store, a fresh secret for an encrypted one (ADR 0025): every
+    test of the ``store`` fixture runs on both, so the encrypted store meets the same
+    contracts."""
+    if request.param == "plain":
+        return None
+    from cairn.store.keyring import new_secret
+
+    return new_secret(source="the test's secret")
+
+
 @pytest.fixture()
-def store(backend_url: str):  # noqa: ANN201 - a cairn Store
-    """A fresh store on each backend, with small chunks (64 KiB) and packs (256 KiB)."""
+def store(backend_url: str, store_secret):  # noqa: ANN001, ANN201 - a cairn Store
+    """A fresh store on each backend, unencrypted and encrypted, with small chunks (64 KiB)
+    and packs (256 KiB)."""
     from cairn.store import StoreSettings, open_store
 
-    s = open_store(backend_url, settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10))
+    s = open_store(backend_url, settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10),
+                   secret=store_secret)
     try:
         yield s
     finally:

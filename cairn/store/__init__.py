@@ -5,6 +5,14 @@ not."""
 
 from __future__ import annotations
 
+from cairn.store.keyring import (
+    Secret,
+    SecretError,
+    load_secret_file,
+    secret_from_text,
+    secret_text,
+    write_secret_file,
+)
 from cairn.store.keys import Key
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
 from cairn.store.slotlog import Record, RecordKind
@@ -31,8 +39,14 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotMode",
     "SnapshotWriter",
+    "Secret",
+    "SecretError",
     "Store",
     "StoreSettings",
     "VerifyReport",
+    "load_secret_file",
     "open_store",
+    "secret_from_text",
+    "secret_text",
+    "write_secret_file",
 ]

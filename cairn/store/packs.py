@@ -5,7 +5,9 @@ named ``packs/<xx>/<random id>``. Packs keep the object count and the number of 
 requests per GiB small on every backend; the manifest records each chunk's pack and offset.
 A chunk of at least :data:`~cairn.store.aligned.DIRECT_IO_MIN` bytes starts at a multiple of
 :data:`~cairn.store.aligned.DIRECT_IO_ALIGN`, after zero padding, so that a local restore can
-read it with ``O_DIRECT``; readers go by the recorded offsets and never see the padding.
+read it with ``O_DIRECT``; readers go by the recorded offsets and never see the padding. In an
+encrypted store each chunk is written sealed (:mod:`cairn.store.sealing`): its ciphertext at the
+recorded offset, its 16-byte tag right after it, and the pack's name ends in the key's id.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN
 from cairn.store.backend import Backend, BlobWriter
+from cairn.store.sealing import Sealer
 
 PACKS_PREFIX = "packs/"
 _ZEROS = bytes(DIRECT_IO_ALIGN)
@@ -35,8 +38,9 @@ class PackWriter:
     """
 
     def __init__(self, backend: Backend, *, pack_bytes: int, pool: ThreadPoolExecutor,
-                 max_inflight: int) -> None:
+                 max_inflight: int, sealer: Sealer | None = None) -> None:
         self._backend = backend
+        self._sealer = sealer
         self._pack_bytes = pack_bytes
         self._pool = pool
         self._slots = threading.Semaphore(max_inflight)
@@ -51,7 +55,7 @@ class PackWriter:
         self.padding_bytes = 0  # zero bytes written to align chunks, in every pack so far
 
     def add(self, data: memoryview | bytes) -> tuple[str, int]:
-        """Append one chunk; returns ``(pack name, offset)``."""
+        """Append one chunk (sealed, in an encrypted store); returns ``(pack name, offset)``."""
         self._raise_failed()
         if self._current is None:
             if self._next is not None:
@@ -67,9 +71,11 @@ class PackWriter:
             self._current_size += padding
             self.padding_bytes += padding
         offset = self._current_size
+        name = self._current_name
+        if self._sealer is not None:
+            data = self._sealer.seal_extent(name, offset, data)
         self._current.write(data)
         self._current_size += len(data)
-        name = self._current_name
         if self._current_size >= self._pack_bytes:
             self._seal()
         elif self._next is None and self._current_size >= self._pack_bytes // 2:
@@ -77,7 +83,7 @@ class PackWriter:
         return name, offset
 
     def _open(self) -> tuple[str, BlobWriter]:
-        name = new_pack_name()
+        name = new_pack_name() + (self._sealer.pack_suffix() if self._sealer else "")
         return name, self._backend.open_writer(name)
 
     def _drop_next(self) -> None:

@@ -11,6 +11,9 @@ straight into the caller's memory, with no copy; into page-aligned memory a loca
 with ``O_DIRECT`` (:mod:`cairn.store.aligned`), which a restore into fresh memory gains from.
 A delta chunk (:mod:`cairn.store.delta`) is read from its base's extent and its pages' and
 checked once assembled; no byte of it is handed out or renamed into place before that.
+In an encrypted store every stored extent is ``ciphertext || tag`` (:mod:`cairn.store.sealing`):
+reads take in the tag, each extent is authenticated and decrypted in place on the pool thread
+that read it, and a chunk's name is checked over its plaintext with the store's keyed hash.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from cairn.store.backend import Backend
 from cairn.store import delta
 from cairn.store.confined import masked_mode, open_beneath
 from cairn.store.fileops import OsFileOps, pwrite_all
-from cairn.store.hashing import digest as compute_digest
+from cairn.store.hashing import digest as plain_digest
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest
+from cairn.store.sealing import TAG_BYTES, Sealer
 
 MAX_READ_BYTES = 4 << 20
 # A restore reads over holes up to this size between two chunks of a file in one pack: the
@@ -55,7 +59,7 @@ class _Part:
     size: int
     pack: str
     offset: int
-    chunk: ChunkRef | None = None  # the delta chunk whose pages these are
+    chunk: ChunkRef | None = None  # the delta chunk whose pages (or base) these are
 
 
 @dataclass(frozen=True)
@@ -67,26 +71,30 @@ class _Range:
     assemble: bool = False  # one delta chunk, read from its two extents and then checked
 
 
-def _coalesce(chunks: tuple[ChunkRef, ...]) -> list[_Range]:
+def _coalesce(chunks: tuple[ChunkRef, ...], tail: int = 0) -> list[_Range]:
+    """Reads of ``chunks`` in file order; ``tail``: the bytes stored after each extent (an
+    encrypted store's tag)."""
     ranges: list[_Range] = []
     run: list[ChunkRef] = []
     for chunk in chunks:
         if chunk.is_delta:
             if run:
-                ranges.append(_make_range(run))
+                ranges.append(_make_range(run, tail))
                 run = []
-            ranges.append(_Range(chunk.pack, chunk.offset, chunk.size, (chunk,), assemble=True))
+            ranges.append(_Range(chunk.pack, chunk.offset, chunk.size + tail, (chunk,),
+                                 assemble=True))
             continue
         if run:
             last = run[-1]
-            contiguous = chunk.pack == last.pack and chunk.offset == last.offset + last.size
-            if contiguous and (last.offset + last.size - run[0].offset + chunk.size) <= MAX_READ_BYTES:
+            end = last.offset + last.size + tail
+            contiguous = chunk.pack == last.pack and chunk.offset == end
+            if contiguous and (end - run[0].offset + chunk.size + tail) <= MAX_READ_BYTES:
                 run.append(chunk)
                 continue
-            ranges.append(_make_range(run))
+            ranges.append(_make_range(run, tail))
         run = [chunk]
     if run:
-        ranges.append(_make_range(run))
+        ranges.append(_make_range(run, tail))
     return ranges
 
 
@@ -118,7 +126,8 @@ class _Span(_Range):
             yield start, length, position
 
 
-def _spans(parts: Sequence[tuple[_Part, int]], *, max_gap: int = RESTORE_MAX_GAP) -> list[_Span]:
+def _spans(parts: Sequence[tuple[_Part, int]], *, max_gap: int = RESTORE_MAX_GAP,
+           tail: int = 0) -> list[_Span]:
     """The reads that fetch ``parts``, each to land at its position in the output: grouped by
     pack and read in pack order, a span taking in gaps of up to ``max_gap`` bytes, at most
     MAX_READ_BYTES long. The newest snapshot of a key that changed in scattered places
@@ -135,13 +144,14 @@ def _spans(parts: Sequence[tuple[_Part, int]], *, max_gap: int = RESTORE_MAX_GAP
             if run:
                 first, last = run[0][0], run[-1][0]
                 gap = part.offset - (last.offset + last.size)
-                if 0 <= gap <= max_gap and part.offset + part.size - first.offset <= MAX_READ_BYTES:
+                if (0 <= gap <= max_gap
+                        and part.offset + part.size + tail - first.offset <= MAX_READ_BYTES):
                     run.append((part, at))
                     continue
-                spans.append(_make_span(pack, run))
+                spans.append(_make_span(pack, run, tail))
             run = [(part, at)]
         if run:
-            spans.append(_make_span(pack, run))
+            spans.append(_make_span(pack, run, tail))
     return spans
 
 
@@ -161,7 +171,8 @@ def _plan(chunks: Sequence[ChunkRef]) -> _Plan:
     for chunk in chunks:
         if chunk.is_delta:
             assert chunk.base_pack is not None
-            plan.direct.append((_Part("", chunk.size, chunk.base_pack, chunk.base_offset), position))
+            plan.direct.append((_Part("", chunk.size, chunk.base_pack, chunk.base_offset, chunk),
+                                position))
             plan.deltas.append((chunk, position, _Part("", chunk.stored_size, chunk.pack,
                                                        chunk.offset, chunk)))
         else:
@@ -177,11 +188,11 @@ def _bad_chunk(chunk: ChunkRef, seq: int) -> CorruptSnapshot:
                            seq=seq, digest=chunk.digest)
 
 
-def _make_span(pack: str, run: list[tuple[_Part, int]]) -> _Span:
+def _make_span(pack: str, run: list[tuple[_Part, int]], tail: int = 0) -> _Span:
     # Widened to whole 4 KiB blocks, so that a local store reads the span with O_DIRECT into
     # aligned memory (no page-cache copy, and no page cache to allocate: ADR 0016, 0021).
     start = run[0][0].offset // DIRECT_IO_ALIGN * DIRECT_IO_ALIGN
-    end = max(chunk.offset + chunk.size for chunk, _ in run)
+    end = max(chunk.offset + chunk.size + tail for chunk, _ in run)
     end = -(-end // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
     return _Span(pack, start, end - start, tuple(c for c, _ in run),
                  positions=tuple(at for _, at in run))
@@ -201,18 +212,21 @@ def _take_buffer(free: list[bytearray], length: int) -> bytearray:
     return bytearray(max(length, MAX_READ_BYTES))
 
 
-def _make_range(run: list[ChunkRef]) -> _Range:
+def _make_range(run: list[ChunkRef], tail: int = 0) -> _Range:
     start = run[0].offset
-    return _Range(run[0].pack, start, run[-1].offset + run[-1].size - start, tuple(run))
+    return _Range(run[0].pack, start, run[-1].offset + run[-1].size + tail - start, tuple(run))
 
 
 class SnapshotReader:
     """Reads files of one committed snapshot. One thread uses a reader at a time."""
 
     def __init__(self, backend: Backend, manifest: Manifest, *, pool: ThreadPoolExecutor,
-                 prefetch: int = 4) -> None:
+                 prefetch: int = 4, sealer: Sealer | None = None) -> None:
         self.backend = backend
         self.manifest = manifest
+        self._sealer = sealer
+        self._tail = TAG_BYTES if sealer is not None else 0
+        self._digest = sealer.digest if sealer is not None else plain_digest
         self._pool = pool
         self._prefetch = max(1, prefetch)
         self._free: list[bytearray] = []  # iter_file's read buffers, reused across files
@@ -229,17 +243,49 @@ class SnapshotReader:
         """Read delta ``chunk``'s base and pages, assemble it in ``view[:chunk.size]`` and
         check its digest."""
         assert chunk.base_pack is not None
-        pages = aligned_buffer(-(-chunk.stored_size // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
-        got = self._read_part(chunk.base_pack, chunk.base_offset, view[:chunk.size], chunk.digest)
-        got_pages = self._read_part(chunk.pack, chunk.offset,
-                                    memoryview(pages)[:chunk.stored_size], chunk.digest)
-        if got < chunk.size or got_pages < chunk.stored_size:
+        tail = self._tail
+        stored = chunk.stored_size + tail
+        pages = aligned_buffer(-(-stored // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
+        got = self._read_part(chunk.base_pack, chunk.base_offset, view[:chunk.size + tail],
+                              chunk.digest)
+        got_pages = self._read_part(chunk.pack, chunk.offset, memoryview(pages)[:stored],
+                                    chunk.digest)
+        if got < chunk.size + tail or got_pages < stored:
             raise CorruptSnapshot(f"delta chunk {chunk.digest} in {chunk.pack} is truncated",
                                   seq=self.manifest.seq, digest=chunk.digest)
+        if self._sealer is not None:
+            self._open(chunk.base_pack, chunk.base_offset, view[:chunk.size + tail], chunk.digest)
+            self._open(chunk.pack, chunk.offset, memoryview(pages)[:stored], chunk.digest)
         delta.apply(view[:chunk.size], memoryview(pages), chunk.delta_mask)
-        if compute_digest(view[:chunk.size]) != chunk.digest:
+        if self._digest(view[:chunk.size]) != chunk.digest:
             raise _bad_chunk(chunk, self.manifest.seq)
         return chunk.size
+
+    def _open(self, pack: str, offset: int, sealed: memoryview, digest: str) -> None:
+        """Authenticate and decrypt one stored extent in place (an encrypted store)."""
+        assert self._sealer is not None
+        try:
+            self._sealer.open_extent(pack, offset, sealed)
+        except CorruptSnapshot as e:
+            raise type(e)(f"chunk {digest}: {e}", seq=self.manifest.seq,
+                          digest=digest or None) from None
+
+    def _fetch_to(self, rng: _Range, target: memoryview) -> int:
+        """:meth:`_fetch_verified` into ``target``, which holds exactly the chunks' plaintext
+        (an encrypted store's tags go through scratch memory first)."""
+        if not self._tail:
+            return self._fetch_verified(rng, target)
+        scratch = memoryview(aligned_buffer(rng.length))
+        self._fetch_verified(rng, scratch)
+        if rng.assemble:
+            target[:rng.chunks[0].size] = scratch[:rng.chunks[0].size]
+            return rng.chunks[0].size
+        at = 0
+        for chunk in rng.chunks:
+            start = chunk.offset - rng.offset
+            target[at:at + chunk.size] = scratch[start:start + chunk.size]
+            at += chunk.size
+        return at
 
     def _fetch_verified(self, rng: _Range, view: memoryview) -> int:
         """Read ``rng`` into ``view`` (at least ``rng.length`` bytes) and check the digest of
@@ -250,14 +296,19 @@ class SnapshotReader:
             assert isinstance(chunk, ChunkRef)
             return self._fetch_delta(chunk, view)
         got = self._read_part(rng.pack, rng.offset, view[:rng.length], rng.chunks[0].digest)
+        tail = self._tail
         for chunk in rng.chunks:
             start = chunk.offset - rng.offset
-            if start + chunk.size > got:
+            if start + chunk.size + tail > got:
                 raise CorruptSnapshot(
                     f"chunk {chunk.digest or '(part of a delta chunk)'} in {chunk.pack} is "
-                    f"truncated ({max(got - start, 0)} of {chunk.size} bytes)",
+                    f"truncated ({max(got - start - tail, 0)} of {chunk.size} bytes)",
                     seq=self.manifest.seq, digest=chunk.digest or None)
-            if chunk.digest and compute_digest(view[start:start + chunk.size]) != chunk.digest:
+            if tail:
+                owner = chunk.chunk if isinstance(chunk, _Part) and chunk.chunk else chunk
+                self._open(chunk.pack, chunk.offset, view[start:start + chunk.size + tail],
+                           owner.digest)
+            if chunk.digest and self._digest(view[start:start + chunk.size]) != chunk.digest:
                 raise CorruptSnapshot(
                     f"chunk {chunk.digest} in {chunk.pack} does not match its digest",
                     seq=self.manifest.seq, digest=chunk.digest)
@@ -275,7 +326,7 @@ class SnapshotReader:
 
     def _iter_entry(self, entry: FileEntry, progress: Callable[[int], None] | None
                     ) -> Iterator[memoryview]:
-        ranges = _coalesce(entry.chunks)
+        ranges = _coalesce(entry.chunks, self._tail)
         free = self._free
         pending: deque[tuple[_Range, bytearray, Future[int]]] = deque()
         next_index = 0
@@ -319,9 +370,10 @@ class SnapshotReader:
                 raise ValueError(f"{path}: need a writable buffer of {entry.size} bytes, got "
                                  f"{'a read-only one' if view.readonly else f'{len(view)} bytes'}")
             position = 0
-            for rng in _coalesce(entry.chunks):
-                work.append((rng, view[position:position + rng.length]))
-                position += rng.length
+            for rng in _coalesce(entry.chunks, self._tail):
+                payload = sum(chunk.size for chunk in rng.chunks)
+                work.append((rng, view[position:position + payload]))
+                position += payload
             if position != entry.size:
                 raise CorruptSnapshot(f"{path}: its chunks add up to {position} bytes, not "
                                       f"{entry.size}", seq=self.manifest.seq)
@@ -332,11 +384,11 @@ class SnapshotReader:
                 while next_index < len(work) and len(pending) < self._prefetch:
                     rng, view = work[next_index]
                     next_index += 1
-                    pending.append((rng, self._pool.submit(self._fetch_verified, rng, view)))
+                    pending.append((rng, self._pool.submit(self._fetch_to, rng, view)))
                 rng, future = pending.popleft()
                 future.result()
                 if progress is not None:
-                    progress(rng.length)
+                    progress(sum(chunk.size for chunk in rng.chunks))
         finally:
             _settle([future for _, future in pending])
 
@@ -353,9 +405,10 @@ class SnapshotReader:
             pages_at.append(position)
             position += part.size
         pages = bytearray(position)  # every delta chunk's changed pages, one after another
-        work = [(span, out) for span in _spans(plan.direct)]
+        work = [(span, out) for span in _spans(plan.direct, tail=self._tail)]
         work += [(span, pages) for span in _spans([(part, at) for (_, _, part), at
-                                                   in zip(plan.deltas, pages_at)])]
+                                                   in zip(plan.deltas, pages_at)],
+                                                  tail=self._tail)]
         futures: list[Future[int]] = []
         buffers: list[Any] = []
         for span, _ in work:
@@ -374,7 +427,7 @@ class SnapshotReader:
             assembled = view[at:at + chunk.size]
             delta.apply(assembled, memoryview(pages)[page_at:page_at + part.size],
                         chunk.delta_mask)
-            if compute_digest(assembled) != chunk.digest:
+            if self._digest(assembled) != chunk.digest:
                 raise _bad_chunk(chunk, self.manifest.seq)
         return out
 
@@ -480,7 +533,7 @@ class SnapshotReader:
                 start = part.offset - rng.offset
                 pages = view[start:start + part.size]
                 delta.apply(assembled, pages, chunk.delta_mask)
-                if got != chunk.size or compute_digest(assembled) != chunk.digest:
+                if got != chunk.size or self._digest(assembled) != chunk.digest:
                     raise _bad_chunk(chunk, self.manifest.seq)
                 for page, taken in delta.positions(chunk.delta_mask):  # only what changed
                     pwrite_all(fd, pages[taken:taken + delta.DELTA_PAGE],
@@ -519,10 +572,11 @@ class SnapshotReader:
                     raise CorruptSnapshot(f"{entry.path}: its chunks add up to {total} "
                                           f"bytes, not {entry.size}", seq=self.manifest.seq)
                 plan = _plan(entry.chunks)
-                for span in _spans(plan.direct):
+                for span in _spans(plan.direct, tail=self._tail):
                     submit(out, span, write_direct, span.payload)
                 if plan.deltas:
-                    patches.append((out, _spans([(part, at) for _, at, part in plan.deltas])))
+                    patches.append((out, _spans([(part, at) for _, at, part in plan.deltas],
+                                                tail=self._tail)))
                     continue
                 out.submitted = True
                 if out.outstanding == 0:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,14 @@ from cairn.exceptions import (
 )
 from cairn.store.backend import Backend
 from cairn.store.delta import DeltaState
+from cairn.store.keyring import (
+    Keyring,
+    Secret,
+    SecretError,
+    create_keyring,
+    load_keyring,
+    rotate_keyring,
+)
 from cairn.store.keys import Key
 from cairn.store.manifest import (
     ChunkRef,
@@ -58,6 +67,8 @@ from cairn.store.outcomes import (
     tries_from_records,
 )
 from cairn.store.reader import SnapshotReader
+from cairn.store.sealed_backend import SealedBackend
+from cairn.store.sealing import TAG_BYTES, Sealer
 from cairn.store.requests import (
     Request,
     RequestKind,
@@ -91,6 +102,8 @@ from cairn.store.writer import ProgressCallback, SnapshotWriter
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = "cairn.store/1"
+# An encrypted store (ADR 0025): a cairn that predates encryption refuses it by its format.
+SEALED_STORE_FORMAT = "cairn.store/1+sealed"
 CONFIG_NAME = "cairn-store.json"
 DEFAULT_GC_GRACE_SECONDS = 3600.0
 
@@ -157,13 +170,74 @@ class Store:
     """A cairn store over one backend. Create with :func:`open_store`."""
 
     def __init__(self, backend: Backend, *, settings: StoreSettings | None = None,
-                 create: bool = True) -> None:
-        self.backend = backend
+                 create: bool = True, secret: Secret | None = None) -> None:
+        self.raw_backend = backend
+        self.backend: Backend = backend  # sealing, once an encrypted store's keyring is open
         self.settings = settings or StoreSettings()
+        self.secret = secret
+        self.keyring: Keyring | None = None
+        self.sealer: Sealer | None = None
         self.config = self._load_or_create_config(create)
         self.gc_grace_seconds = float(self.config.get("gc_grace_seconds", DEFAULT_GC_GRACE_SECONDS))
+        if self.encrypted:
+            self._open_keyring()
         self.pool = ThreadPoolExecutor(max_workers=self.settings.io_threads,
                                        thread_name_prefix="cairn-io")
+
+    # -- encryption (ADR 0025) -----------------------------------------------------------------
+
+    @property
+    def encrypted(self) -> bool:
+        return self.config.get("format") == SEALED_STORE_FORMAT
+
+    @property
+    def store_id(self) -> str | None:
+        return self.config.get("store_id")
+
+    def _open_keyring(self) -> None:
+        store_id = str(self.config["store_id"])
+        if self.secret is None:
+            raise SecretError(f"the store {self.raw_backend.url} is encrypted and no secret is "
+                              "configured: give the secret file it was created with "
+                              "(`--secret-file PATH`, or the environment's secret setting; "
+                              "see docs/encryption.md)")
+        try:
+            self.keyring = load_keyring(self.raw_backend, store_id=store_id, secret=self.secret)
+        except NotFound:
+            self.keyring = None
+        if self.keyring is None:
+            raise SecretError(f"the encrypted store {self.raw_backend.url} has no keyring")
+        self._use_keyring(self.keyring)
+
+    def _use_keyring(self, keyring: Keyring) -> None:
+        self.keyring = keyring
+        self.sealer = keyring.sealer()
+        self.backend = SealedBackend(self.raw_backend, self.sealer,
+                                     raw_names=frozenset({CONFIG_NAME}))
+
+    def rotate_keys(self, *, new_secret: Secret | None = None,
+                    new_data_key: bool = True) -> Keyring:
+        """Add a keyring record: a new active data key (old ones stay, for reading), sealed
+        by ``new_secret`` when given (which then opens every key; the old secret opens the
+        records before it only). Durable when it returns."""
+        if self.keyring is None or self.secret is None:
+            raise ConfigError(f"the store {self.url} is not encrypted; there are no keys to "
+                              "rotate (an encrypted store is created with a secret)")
+        keyring = rotate_keyring(self.raw_backend, self.keyring,
+                                 secret=new_secret or self.secret, now=utc_now(),
+                                 new_data_key=new_data_key)
+        if new_secret is not None:
+            self.secret = new_secret
+        self._use_keyring(keyring)
+        return keyring
+
+    def chunk_digest(self, data: bytes | bytearray | memoryview) -> str:
+        """A chunk's name: BLAKE3, keyed by the store's naming key when it is encrypted."""
+        if self.sealer is not None:
+            return self.sealer.digest(data)
+        from cairn.store.hashing import digest as plain_digest
+
+        return plain_digest(data)
 
     @property
     def url(self) -> str:
@@ -178,19 +252,44 @@ class Store:
             raise NotFound(f"no cairn store at {self.backend.url} (no {CONFIG_NAME}); "
                            "check the URL, or write a snapshot there first")
         for info in self.backend.list(""):
+            if info.name.startswith("keyring/"):  # another process is creating it
+                continue
             if info.name == CONFIG_NAME:  # another process created the store meanwhile
                 return self._parse_config(self.backend.read(CONFIG_NAME))
             raise ConfigError(
                 f"{self.backend.url} is not empty and is not a cairn store; "
                 "give a new or empty directory or bucket prefix"
             )
-        config = {"format": STORE_FORMAT, "gc_grace_seconds": DEFAULT_GC_GRACE_SECONDS,
-                  "created_at": utc_now()}
+        config: dict[str, Any] = {"format": STORE_FORMAT,
+                                  "gc_grace_seconds": DEFAULT_GC_GRACE_SECONDS,
+                                  "created_at": utc_now()}
+        if self.secret is not None:
+            # Encrypted from the first object: the keyring exists before the config that
+            # names the store encrypted, so no reader ever sees one without the other.
+            config["format"] = SEALED_STORE_FORMAT
+            config["store_id"] = uuid.uuid4().hex
+            try:
+                create_keyring(self.backend, store_id=config["store_id"], secret=self.secret,
+                               now=config["created_at"])
+            except AlreadyExists:  # another process is creating this store: use its config
+                return self._await_config()
         try:
             self.backend.create(CONFIG_NAME, dumps(config))
         except AlreadyExists:
             return self._parse_config(self.backend.read(CONFIG_NAME))
         return config
+
+    def _await_config(self, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._parse_config(self.backend.read(CONFIG_NAME))
+            except NotFound:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"{self.backend.url} has a keyring but no {CONFIG_NAME}: "
+                                     "a store creation was interrupted; give an empty "
+                                     "location") from None
+                time.sleep(0.05)
 
     def _parse_config(self, data: bytes) -> dict[str, Any]:
         try:
@@ -198,9 +297,17 @@ class Store:
             fmt = config.get("format")
         except (ValueError, AttributeError):
             raise StoreError(f"{self.backend.url}/{CONFIG_NAME} is corrupt") from None
-        if fmt != STORE_FORMAT:
+        if fmt not in (STORE_FORMAT, SEALED_STORE_FORMAT):
             raise ConfigError(f"store {self.backend.url} has format {fmt!r}; this cairn reads "
-                              f"{STORE_FORMAT}: upgrade cairn")
+                              f"{STORE_FORMAT} and {SEALED_STORE_FORMAT}: upgrade cairn")
+        if fmt == STORE_FORMAT and self.secret is not None:
+            # Never a silent downgrade: whoever can write the bucket could otherwise replace
+            # an encrypted store's config and have this process read planted plaintext.
+            raise SecretError(f"the store {self.backend.url} is not encrypted, but a secret is "
+                              "configured: unset the secret to use this store unencrypted, or "
+                              "give a new store location to create an encrypted one")
+        if fmt == SEALED_STORE_FORMAT and not isinstance(config.get("store_id"), str):
+            raise StoreError(f"{self.backend.url}/{CONFIG_NAME} is corrupt (no store id)")
         return config
 
     def close(self) -> None:
@@ -423,14 +530,15 @@ class Store:
 
     def reader(self, manifest: Manifest) -> SnapshotReader:
         return SnapshotReader(self.backend, manifest, pool=self.pool,
-                              prefetch=self.settings.read_prefetch)
+                              prefetch=self.settings.read_prefetch, sealer=self.sealer)
 
     def check_present(self, manifest: Manifest) -> None:
         """Cheap structural check: every pack exists and is long enough for its chunks."""
         needed: dict[str, int] = {}
+        tail = TAG_BYTES if self.sealer is not None else 0
         for chunk in manifest.chunk_refs():
             for pack, offset, length in chunk.extents():
-                needed[pack] = max(needed.get(pack, 0), offset + length)
+                needed[pack] = max(needed.get(pack, 0), offset + length + tail)
         for pack, end in needed.items():
             try:
                 size = self.backend.stat(pack).size
@@ -507,16 +615,21 @@ class Store:
 
     def _verify_chunk(self, chunk: ChunkRef, progress: ProgressCallback | None) -> str | None:
         from cairn.store.delta import apply as apply_delta
-        from cairn.store.hashing import digest as compute_digest
 
         pieces = []
+        tail = TAG_BYTES if self.sealer is not None else 0
         for pack, offset, length in chunk.extents():
             try:
-                data = self.backend.read_range(pack, offset, length)
+                data = self.backend.read_range(pack, offset, length + tail)
             except NotFound:
                 return f"pack {pack} is missing"
-            if len(data) != length:
-                return f"truncated in {pack} ({len(data)} of {length} bytes)"
+            if len(data) != length + tail:
+                return f"truncated in {pack} ({len(data) - tail} of {length} bytes)"
+            if self.sealer is not None:
+                try:
+                    data = bytes(self.sealer.open_extent(pack, offset, memoryview(bytearray(data))))
+                except CorruptSnapshot as e:
+                    return str(e)
             pieces.append(data)
         if progress is not None:
             progress(chunk.size)
@@ -524,7 +637,7 @@ class Store:
             assembled = bytearray(pieces[0])
             apply_delta(memoryview(assembled), memoryview(pieces[1]), chunk.delta_mask)
             data = bytes(assembled)
-        if compute_digest(data) != chunk.digest:
+        if self.chunk_digest(data) != chunk.digest:
             return f"digest mismatch in {chunk.pack}"
         return None
 
@@ -739,6 +852,18 @@ def _no_good_message(key: Key, candidates: list[Manifest], skipped: list[tuple[i
     return "\n".join(lines)
 
 
-def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True) -> Store:
-    """Open the store at ``url`` (path, ``file://`` or ``gs://``)."""
-    return Store(open_backend(url, create=create), settings=settings, create=create)
+def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
+               secret: Secret | None = None) -> Store:
+    """Open the store at ``url`` (path, ``file://`` or ``gs://``).
+
+    With ``secret``, a new store is created encrypted and an encrypted one is opened with its
+    keyring; an unencrypted store then refuses to open (no silent downgrade). Without, an
+    encrypted store raises :class:`~cairn.store.keyring.SecretError`. The runtime's
+    :func:`cairn.runtime.stores.open_store` finds the secret the environment configures.
+    """
+    backend = open_backend(url, create=create)
+    try:
+        return Store(backend, settings=settings, create=create, secret=secret)
+    except BaseException:
+        backend.close()
+        raise

@@ -29,7 +29,6 @@ from typing import IO, TYPE_CHECKING, Any, Callable
 from cairn.exceptions import ConfigError, NotFound, SnapshotTooSlow
 from cairn.store import delta
 from cairn.store.chunking import chunk_spans, segments
-from cairn.store.hashing import digest as compute_digest
 from cairn.store.manifest import (
     ChunkRef,
     FileEntry,
@@ -80,6 +79,7 @@ class SnapshotWriter:
             pack_bytes=settings.pack_bytes,
             pool=self._store.pool,
             max_inflight=settings.max_inflight_packs,
+            sealer=self._store.sealer,
         )
         self._started = time.monotonic()
         self._closed = False
@@ -180,7 +180,7 @@ class SnapshotWriter:
         return entry
 
     def _add_chunk(self, data: memoryview, locator: Hashable | None = None) -> ChunkRef:
-        digest = compute_digest(data)
+        digest = self._store.chunk_digest(data)
         self.stats.chunks_total += 1
         ref = self._reuse(digest, len(data))
         tracked = locator is not None and delta.delta_eligible(len(data))

@@ -8,8 +8,15 @@ from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
 
 
+def raw(backend: Backend) -> Backend:
+    """The backend under an encrypted store's sealing view: the bytes as stored."""
+    return getattr(backend, "inner", backend)
+
+
 def overwrite(backend: Backend, name: str, data: bytes) -> None:
-    """Replace object ``name`` with ``data`` unconditionally (what bit rot or a bad disk does)."""
+    """Replace object ``name`` with ``data`` unconditionally (what bit rot or a bad disk does);
+    ``data`` is stored as given, never sealed."""
+    backend = raw(backend)
     if isinstance(backend, LocalBackend):
         path = os.path.join(backend.root, name)
         os.chmod(path, 0o644)
@@ -25,11 +32,19 @@ def overwrite(backend: Backend, name: str, data: bytes) -> None:
     client.bucket(bucket_name).blob(full).upload_from_string(data)
 
 
+def overwrite_record(store, name: str, data: bytes) -> None:  # noqa: ANN001 - a Store
+    """Replace record ``name`` with ``data`` as a writer holding the store's secret could:
+    sealed when the store is encrypted (anyone else's rewrite fails authentication)."""
+    if store.sealer is not None:
+        data = store.sealer.seal_object(name, data)
+    overwrite(store.backend, name, data)
+
+
 def flip_byte(backend: Backend, name: str, offset: int) -> None:
-    data = bytearray(backend.read(name))
+    data = bytearray(raw(backend).read(name))
     data[offset] ^= 0xFF
     overwrite(backend, name, bytes(data))
 
 
 def truncate(backend: Backend, name: str, length: int) -> None:
-    overwrite(backend, name, backend.read(name)[:length])
+    overwrite(backend, name, raw(backend).read(name)[:length])

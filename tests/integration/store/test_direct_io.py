@@ -12,6 +12,7 @@ import pytest
 
 from cairn.store import Key, Manifest, Store, StoreSettings, open_store
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer
+from cairn.store.sealing import TAG_BYTES
 from tests.support.pagecache import evict, pack_files, require_page_cache, resident_pages
 
 KEY = Key(("dag", "train", "run-1", "0"))
@@ -37,6 +38,7 @@ def test_large_chunks_start_aligned_and_small_ones_pack_densely(store: Store) ->
     for chunk in manifest.chunk_refs():
         by_pack[chunk.pack].append(chunk)
     padding = 0
+    tail = TAG_BYTES if store.encrypted else 0  # an encrypted store's tag after each chunk
     for pack, chunks in by_pack.items():
         end = 0
         for chunk in sorted(chunks, key=lambda c: c.offset):
@@ -46,7 +48,7 @@ def test_large_chunks_start_aligned_and_small_ones_pack_densely(store: Store) ->
                 expected = end
             assert chunk.offset == expected, (pack, chunk)
             padding += chunk.offset - end
-            end = chunk.offset + chunk.size
+            end = chunk.offset + chunk.size + tail
         assert store.backend.stat(pack).size == end
     assert padding > 0, "the files were chosen so that some chunk needed padding"
     assert manifest.padding_bytes == padding

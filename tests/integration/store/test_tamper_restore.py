@@ -80,7 +80,7 @@ def test_a_manifest_naming_a_path_outside_is_refused(store: Store, tmp_path: Pat
     assert doc["manifest"]["schema"] == MANIFEST_SCHEMA
     for n, path in enumerate(("../outside/victim", "/etc/cairn-tamper-victim")):
         doc["manifest"]["files"][0]["path"] = path
-        tamper.overwrite(store.backend, name, json.dumps(doc).encode())
+        tamper.overwrite_record(store, name, json.dumps(doc).encode())
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             result = store.restore(key, tmp_path / f"out-{n}")
