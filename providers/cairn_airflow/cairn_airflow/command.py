@@ -19,6 +19,11 @@ Contract of one try (``execute``):
   marked done, unless ``keep_snapshots``); exit 75/76 (preempted, final snapshot committed or
   not) raise :class:`cairn.exceptions.Preempted`, exit 5 (a newer try exists) raises
   :class:`cairn.exceptions.Fenced`, any other non-zero exit an ``AirflowException`` naming it;
+- exit 77 (suspended on request, or the key was held suspended when the try started) defers
+  the task with a resume trigger instead of failing (no retry used; see
+  :mod:`cairn_airflow.suspend`, ``resume_after`` and ``resume_poll``): the supervisor and the
+  workload are gone meanwhile; once resumed, ``cairn run`` runs again on a worker and restores
+  the process from the suspend snapshot;
 - the resume policy (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``;
   see :mod:`cairn_airflow.resume`) reads the key's history before the command starts: the
   snapshots it rules out are passed as ``--exclude-seqs``, and a step that failed too often is
@@ -39,12 +44,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from cairn.exceptions import ConfigError
 from cairn.runtime.durations import format_duration
+from cairn.runtime.exits import ExitCode
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
     SerializesCairnConnection,
@@ -53,6 +60,7 @@ from cairn_airflow.hooks import (
 )
 from cairn_airflow.operators import XCOM_KEY, task_key
 from cairn_airflow.resume import begin_try, raise_verdict, resume_policy
+from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,7 @@ def exit_error(code: int, key: Any) -> Exception:
     return error_for_exit(code, key=key) or AirflowException(describe_exit(code))
 
 
-class CairnRunOperator(SerializesCairnConnection, BaseOperator):
+class CairnRunOperator(SuspendDeferral, SerializesCairnConnection, BaseOperator):
     """Runs ``command`` under ``cairn run`` so that a retry resumes the process from its last
     snapshot (see the module docstring for the contract of one try).
 
@@ -114,6 +122,10 @@ class CairnRunOperator(SerializesCairnConnection, BaseOperator):
     :param workdir: ``cairn run --workdir`` (local staging for dumps).
     :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
         like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
+    :param resume_after: a suspended step resumes by itself this long after the suspend
+        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
+    :param resume_poll: how often the deferred task's trigger looks for a resume request
+        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
     """
 
     template_fields: Sequence[str] = ("command", "env", "cwd", "every", "grace")
@@ -125,8 +137,11 @@ class CairnRunOperator(SerializesCairnConnection, BaseOperator):
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
                  workdir: str | None = None, resume_on: str = "any_failure",
                  max_error_retries: int | None = None, loop_guard: bool = True,
-                 max_preemptions: int = 0, **kwargs: Any) -> None:
+                 max_preemptions: int = 0, resume_after: timedelta | float | str | None = None,
+                 resume_poll: timedelta | float | str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.resume_after = optional_seconds(resume_after, "resume_after")
+        self.resume_poll = optional_seconds(resume_poll, "resume_poll")
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
                                            loop_guard=loop_guard, max_preemptions=max_preemptions)
@@ -179,6 +194,9 @@ class CairnRunOperator(SerializesCairnConnection, BaseOperator):
         if code == 0:
             return meta
         error = exit_error(code, key)
+        if code == ExitCode.SUSPENDED:
+            self.defer_suspended(context, store_url=config.url, key=key, env=config.env)
+            return self.execute(context)  # discarded meanwhile: start afresh
         # cairn run recorded the outcome itself: this only asks for the verdict.
         raise_verdict(this_try, this_try.ended(error=error), error, delay=self.retry_delay)
         raise error

@@ -36,6 +36,11 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
   committed or not) raises :class:`cairn.exceptions.Preempted`, 5 (a newer try took the key
   over) :class:`cairn.exceptions.Fenced`; a pod ended by the node (shutdown, eviction, a
   ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error;
+- exit 77 of the main container (suspended on request, or the key was held suspended when
+  the try started) defers the task with a resume trigger once the pod is cleaned up, instead
+  of failing (no retry used; see :mod:`cairn_airflow.suspend`, ``resume_after`` and
+  ``resume_poll``): no pod exists while it waits; once resumed, a new pod is built on a
+  worker and resumes from the suspend snapshot;
 - the resume policy (``resume_on``, ``max_error_retries``, ``loop_guard``,
   ``max_preemptions``; see :mod:`cairn_airflow.resume`) reads the step's history on the
   worker before the pod is built: the snapshots it rules out reach the pod as
@@ -70,6 +75,7 @@ from cairn_airflow.hooks import (
 )
 from cairn_airflow.operators import task_key
 from cairn_airflow.resume import begin_try, raise_verdict, refuse_if_given_up, resume_policy
+from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +352,8 @@ class PodPlan:
     resume: Any = None  # cairn.Try: this try's plan (None on a dry run without a task instance)
 
 
-class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperator):
+class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
+                                 KubernetesPodOperator):
     """A KubernetesPodOperator whose pod resumes from cairn snapshots on retry (see the module
     docstring for the contract of one try).
 
@@ -369,6 +376,10 @@ class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperato
         (``on_gce``, ``watch_node_label``, ``grace_margin_s``, ``metrics_port``, ...).
     :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
         like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
+    :param resume_after: a suspended step resumes by itself this long after the suspend
+        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
+    :param resume_poll: how often the deferred task's trigger looks for a resume request
+        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
     """
 
     template_fields: Sequence[str] = (*KubernetesPodOperator.template_fields, "every")
@@ -383,9 +394,12 @@ class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperato
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
                  transform_options: Mapping[str, Any] | None = None,
                  resume_on: str = "any_failure", max_error_retries: int | None = None,
-                 loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
+                 loop_guard: bool = True, max_preemptions: int = 0,
+                 resume_after: Any = None, resume_poll: Any = None, **kwargs: Any) -> None:
         from cairn.k8s import PodMode, Staging, coerce_option
 
+        self.resume_after = optional_seconds(resume_after, "resume_after")
+        self.resume_poll = optional_seconds(resume_poll, "resume_poll")
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
                                            loop_guard=loop_guard, max_preemptions=max_preemptions)
@@ -590,6 +604,15 @@ class CairnKubernetesPodOperator(SerializesCairnConnection, KubernetesPodOperato
                 raise
             mapped = pod_end_error(remote_pod, self.base_container_name)
             plan = self.cairn_plan
+            from cairn.exceptions import Suspended
+
+            if isinstance(mapped, Suspended) and plan is not None:
+                # The pod is deleted by now (or kept, as on_finish_action says): nothing runs
+                # while the task waits. The continuation builds a new pod.
+                self.defer_suspended(context if context is not None else self._cairn_context,
+                                     store_url=plan.store.url, key=plan.key,
+                                     env=plan.store.env)
+                raise mapped from e  # the key was discarded meanwhile: a retry starts fresh
             if plan is not None and plan.resume is not None:
                 ended = mapped or e  # the pod's outcome is recorded by _record_outcome
                 raise_verdict(plan.resume, plan.resume.ended(error=ended), ended,

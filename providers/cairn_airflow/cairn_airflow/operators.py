@@ -18,6 +18,10 @@ Contract of one try (``execute``):
 - the XCom ``return_value`` is what the callable returned; the XCom ``cairn`` holds the
   snapshot metadata (key, store, seq, step, resumed_from, resumed_step, try_number, done),
   pushed on failure too;
+- a step suspended on request (``Suspended``: ``cairn suspend`` or the snapshots page) defers
+  the task with a resume trigger instead of failing (no retry used; see
+  :mod:`cairn_airflow.suspend`, ``resume_after`` and ``resume_poll``); once resumed, the step
+  runs again on a worker and continues from the suspend snapshot;
 - ``Preempted`` (and every other error) propagates, so the task fails and Airflow retries it;
   the retry resumes from the last committed snapshot, as the resume policy allows
   (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``; see
@@ -32,6 +36,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
@@ -45,6 +50,7 @@ from cairn_airflow.hooks import (
     scoped_environ,
 )
 from cairn_airflow.resume import begin_try, is_control_flow, raise_verdict, resume_policy
+from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +143,7 @@ def task_key(context: Mapping[str, Any]) -> Any:
     return Key((ti.dag_id, ti.task_id, ti.run_id, str(-1 if map_index is None else map_index)))
 
 
-class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
+class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOperator):
     """Runs ``python_callable`` with a cairn Checkpointer for this task instance's key (see the
     module docstring for the contract of one try).
 
@@ -150,6 +156,10 @@ class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
         ``persist=``, ``when_busy=``, ...).
     :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
         like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
+    :param resume_after: a suspended step resumes by itself this long after the suspend
+        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
+    :param resume_poll: how often the deferred task's trigger looks for a resume request
+        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
     """
 
     ui_color = "#d8c8a8"
@@ -159,8 +169,12 @@ class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
                  cairn_conn_id: str = DEFAULT_CONN_ID, store_url: str | None = None,
                  checkpointer_options: Mapping[str, Any] | None = None,
                  resume_on: str = "any_failure", max_error_retries: int | None = None,
-                 loop_guard: bool = True, max_preemptions: int = 0, **kwargs: Any) -> None:
+                 loop_guard: bool = True, max_preemptions: int = 0,
+                 resume_after: timedelta | float | str | None = None,
+                 resume_poll: timedelta | float | str | None = None, **kwargs: Any) -> None:
         super().__init__(python_callable=python_callable, **kwargs)
+        self.resume_after = optional_seconds(resume_after, "resume_after")
+        self.resume_poll = optional_seconds(resume_poll, "resume_poll")
         self.resume_policy = resume_policy(resume_on=resume_on,
                                            max_error_retries=max_error_retries,
                                            loop_guard=loop_guard, max_preemptions=max_preemptions)
@@ -183,8 +197,20 @@ class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
         return operator_store_config(store_url=self.store_url, cairn_conn_id=self.cairn_conn_id)
 
     def execute(self, context: Any) -> Any:
-        key = task_key(context)
+        from cairn.exceptions import Suspended
+
         config = self.store_config()
+        try:
+            return self._execute_try(context, config)
+        except Suspended:
+            self.defer_suspended(context, store_url=config.url, key=task_key(context),
+                                 env=config.env)
+            return self._execute_try(context, config)  # discarded meanwhile: start afresh
+
+    def _execute_try(self, context: Any, config: StoreConfig) -> Any:
+        from cairn.exceptions import Suspended
+
+        key = task_key(context)
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
         this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
         env = {**this_try.env(every_steps=self.every_steps, every_seconds=self.every_seconds),
@@ -201,7 +227,7 @@ class CairnPythonOperator(SerializesCairnConnection, PythonOperator):
                 if is_control_flow(error):
                     raise  # a skip or a deferral: not how the step ended, nor an error of it
                 verdict = this_try.ended(error=error, ckpt=ckpt)
-                if isinstance(error, Exception):
+                if isinstance(error, Exception) and not isinstance(error, Suspended):
                     raise_verdict(this_try, verdict, error, delay=self.retry_delay)
                 raise
             finally:
