@@ -287,6 +287,54 @@ def test_a_browser_logs_in_and_sees_the_snapshots(browser: Any, api_server: str,
     print(f"screenshot: {ARTIFACT_IN_AIRFLOW}")
 
 
+def test_a_browser_suspends_and_resumes_a_running_step(
+        browser: Any, api_server: str, run: Run,
+        write_snapshots: Callable[..., None]) -> None:
+    """Issue 19: the page's Suspend and Resume buttons (forms: the iframe runs no scripts) for
+    a try still running, as an admin (who may clear the task); the page then shows who asked,
+    when and why."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from cairn.store import Key, open_store
+
+    run_id = "manual__suspend-ui"
+    write_snapshots(str(run.store), (DAG_ID, TASK_ID, run_id, "-1"), b"running", 2)
+    query = urlencode({"dag_id": DAG_ID, "task_id": TASK_ID, "run_id": run_id,
+                       "map_index": -1})
+    page_path = f"/cairn/snapshots?{query}"
+    browser.delete_all_cookies()
+    browser.get(f"{api_server}/auth/login?{urlencode({'next': page_path})}")
+    wait = WebDriverWait(browser, 60)
+    wait.until(ec.presence_of_element_located((By.NAME, "username")))
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORDS["admin"])
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait.until(ec.presence_of_element_located((By.ID, "suspend")))
+
+    browser.find_element(By.CSS_SELECTOR, "#suspend-form input[name=reason]").send_keys(
+        "an urgent job needs the GPUs")
+    browser.find_element(By.ID, "suspend").click()
+    wait.until(ec.presence_of_element_located((By.ID, "resume")))
+    assert browser.find_element(By.ID, "suspend-state").text == "suspend-requested"
+    asked = browser.find_element(By.ID, "suspend-by").text
+    assert asked.startswith("asked by admin (Airflow) at ") and \
+        asked.endswith("UTC (an urgent job needs the GPUs)")
+    assert browser.find_elements(By.ID, "suspend") == []
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "cairn_snapshots_suspend.png"))
+
+    browser.find_element(By.ID, "resume").click()
+    wait.until(ec.presence_of_element_located((By.ID, "resume-by")))
+    assert browser.find_element(By.ID, "resume-by").text.startswith(
+        "resume asked by admin (Airflow)")
+    with open_store(str(run.store)) as store:
+        current = store.suspension(Key((DAG_ID, TASK_ID, run_id, "-1")))
+    assert current is not None and current.state.value == "resume-requested"
+    assert current.suspend.reason == "an urgent job needs the GPUs"
+
+
 def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: Run) -> None:
     """The api-server reads allow-listed connections from its DB (not only the environment),
     refuses a connection of another type without repeating its host, and any other one."""

@@ -212,6 +212,61 @@ def test_deep_verify_needs_edit_access_and_is_rate_limited(client: Any) -> None:
     assert client.get(f"/cairn/api/snapshots?{_query()}", headers=editor).status_code == 200
 
 
+def test_suspend_and_resume_need_clear_access(client: Any, stores: dict[str, Path]) -> None:
+    """Issue 19: the page's suspend and resume write request records as `cairn suspend` and
+    `cairn resume` do, recorded as made by the Airflow user; readers and other DAGs' users
+    are refused and nothing is written."""
+    from cairn.store import Key, open_store
+
+    key = Key((MINE, TASK_ID, RUN_ID, "-1"))
+    reader, editor = _auth(client, "reader"), _auth(client, "editor")
+    for kind in ("suspend", "resume"):
+        assert client.post(f"/cairn/api/snapshots/{kind}?{_query()}",
+                           headers=reader).status_code == 403
+        assert client.post(f"/cairn/api/snapshots/{kind}?{_query(OTHER)}",
+                           headers=editor).status_code == 403
+        forged = client.post(f"/cairn/api/snapshots/{kind}?{_query(conn_id='team_b')}",
+                             headers=editor)
+        assert forged.status_code == 403
+    with open_store(str(stores["own"])) as store:
+        assert store.suspension(key) is None
+    with open_store(str(stores["team_b"])) as store:
+        assert store.suspension(key) is None
+
+    refused = client.post(f"/cairn/api/snapshots/resume?{_query()}", headers=editor)
+    assert refused.status_code == 409 and "not suspended" in refused.json()["detail"]
+    unknown = client.post(f"/cairn/api/snapshots/suspend?{_query(run_id='manual__nope')}",
+                          headers=editor)
+    assert unknown.status_code == 404 and "unknown" in unknown.json()["detail"]
+    bad = client.post(f"/cairn/api/snapshots/suspend?{_query()}", headers=editor,
+                      json={"reason": "two\nlines"})
+    assert bad.status_code == 422
+
+    asked = client.post(f"/cairn/api/snapshots/suspend?{_query()}", headers=editor,
+                        json={"reason": "the GPUs are needed"})
+    assert asked.status_code == 200, asked.text
+    body = asked.json()
+    assert body["request"]["by"] == "editor (Airflow)"
+    assert body["suspension"]["state"] == "suspend-requested"
+    assert body["suspension"]["reason"] == "the GPUs are needed"
+    again = client.post(f"/cairn/api/snapshots/suspend?{_query()}", headers=editor)
+    assert again.json()["request"] == body["request"], "a second suspend changed something"
+    page = client.get(f"/cairn/snapshots?{_query()}", headers=reader)
+    assert 'id="suspend-state">suspend-requested' in page.text
+    assert "asked by editor (Airflow)" in page.text and "the GPUs are needed" in page.text
+    assert 'id="resume"' in page.text and 'id="suspend"' not in page.text
+
+    # The page's form: a redirect back to the page, which says what was asked.
+    form = client.post(f"/cairn/snapshots/resume?{_query()}", headers=editor,
+                       data={"reason": "urgent job done"}, follow_redirects=False)
+    assert form.status_code == 303, form.text
+    assert "asked=resume" in form.headers["location"]
+    with open_store(str(stores["own"])) as store:
+        current = store.suspension(key)
+    assert current is not None and current.resume is not None
+    assert current.resume.by == "editor (Airflow)" and current.resume.reason == "urgent job done"
+
+
 def test_discard_needs_clear_access(client: Any, stores: dict[str, Path]) -> None:
     """Runs last: it removes DAG cairn_ui_mine's snapshots from its own store."""
     from cairn.store import Key, open_store

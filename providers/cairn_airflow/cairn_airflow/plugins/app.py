@@ -5,6 +5,12 @@ Routes (query: ``dag_id``, ``task_id``, ``run_id``, ``map_index`` (default -1), 
 
 - ``GET /cairn/snapshots``: the HTML page (works without JavaScript);
 - ``GET /cairn/api/snapshots``: the same report as JSON;
+- ``POST /cairn/api/snapshots/suspend`` and ``.../resume`` (JSON body ``{"reason": ...}``,
+  optional), and ``POST /cairn/snapshots/suspend`` and ``.../resume`` (the page's forms,
+  answered with a redirect back to the page): ask the key's running try to suspend, or lift
+  its suspension (``Store.request_suspend`` / ``request_resume``, as ``cairn suspend`` and
+  ``cairn resume`` do; the requester is the Airflow user). A key that is unknown answers 404,
+  one that is not running or not suspended 409, and nothing is written;
 - ``POST /cairn/api/snapshots/discard`` (JSON) and ``POST /cairn/snapshots/discard`` (the
   page's form, answered with a redirect back to the page): forget the key's snapshots
   (``Store.remove``: a ``done`` record fences a try still running, the next try starts fresh).
@@ -17,7 +23,7 @@ links to the login, the API with Airflow's JSON error. ``verify=deep`` (a full r
 retained snapshot) needs the permission to edit the DAG and runs at most once per
 ``[cairn] deep_verify_interval_s`` (default 300) per task instance, else 429. Discarding needs
 what clearing a task instance needs (``PUT`` on its task instances); a form post authenticated
-by the cookie must come from the api-server's own origin.
+by the cookie must come from the api-server's own origin; so do suspending and resuming.
 
 The key is the operator's own (:func:`cairn_airflow.operators.task_key`); the store is that of
 the ``cairn`` connection the task itself uses (its serialized ``cairn_conn_id``, else
@@ -44,13 +50,15 @@ from urllib.parse import urlencode, urlsplit
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Body, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from pydantic import BaseModel
 
 from cairn_airflow.hooks import DEFAULT_CONN_ID
 from cairn_airflow.plugins.paths import API_PATH, PAGE_PATH, URL_PREFIX
 
 DEEP_VERIFY_INTERVAL_S = 300.0
+MAX_REASON = 200
 
 
 @dataclass(frozen=True)
@@ -251,6 +259,73 @@ def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: 
         raise HTTPException(400, f"connection {conn_id!r}: {type(e).__name__}") from None
 
 
+class RequestKind(str, enum.Enum):
+    """What the page may ask of a running step."""
+
+    SUSPEND = "suspend"
+    RESUME = "resume"
+
+
+class AskBody(BaseModel):
+    """The JSON body of a suspend or resume request (optional)."""
+
+    reason: str | None = None
+
+
+def check_reason(reason: str | None) -> str | None:
+    """A one-line reason of at most 200 characters (None when empty); 422 otherwise."""
+    text = (reason or "").strip()
+    if not text:
+        return None
+    if "\n" in text or "\r" in text or len(text) > MAX_REASON:
+        raise HTTPException(422, f"a reason must be one line of at most {MAX_REASON} "
+                                 "characters")
+    return text
+
+
+def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
+        kind: RequestKind, by: str, reason: str | None) -> dict[str, Any]:
+    """Make the suspend or resume request for the task instance's key; returns the key, the
+    request and the suspension as JSON. HTTPException 404 (unknown key or store) or 409 (not
+    running, done, not suspended), and then nothing was written."""
+    from cairn.exceptions import CairnError, ConfigError, NotFound
+    from cairn.store import open_store
+    from cairn_airflow.operators import task_key
+
+    key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                          map_index=map_index)})
+    label = f"connection {conn_id}"
+    try:
+        config = _store_config(conn_id)
+    except CairnError as e:
+        raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
+                            ) from None
+    try:
+        with open_store(config.url, create=False) as store:
+            if kind is RequestKind.SUSPEND:
+                made = store.request_suspend(key, by=by, reason=reason)
+            else:
+                made = store.request_resume(key, by=by, reason=reason)
+            current = store.suspension(key)
+    except NotFound as e:
+        raise HTTPException(404, str(e).replace(config.url, label)) from None
+    except ConfigError as e:
+        raise HTTPException(409, str(e).replace(config.url, label)) from None
+    except CairnError as e:
+        raise HTTPException(400, f"{label}: {type(e).__name__}") from None
+    return {"key": str(key), "request": made.to_json(),
+            "suspension": current.to_json() if current is not None else None}
+
+
+def requester(user: Any) -> str:
+    """Who the request is recorded as made by: the Airflow user."""
+    try:
+        name = user.get_name()
+    except Exception:  # noqa: BLE001 - a user without a name still asks
+        name = None
+    return f"{name or 'unknown'} (Airflow)"
+
+
 def same_origin(request: Request) -> None:
     """Refuse a cookie-authenticated post from another origin (the cookie is SameSite=Lax;
     this also covers same-site neighbours). Bearer-token clients are not browsers' forms."""
@@ -314,7 +389,7 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
     def snapshots_page(request: Request, session: SessionDep, user: GetUserDep,
                        ti: Annotated[Ti, Depends(ti_query)], verify: Verify = Verify.PRESENT,
                        conn_id: str | None = None) -> HTMLResponse:
-        from cairn_airflow.plugins.page import page_links, render_page
+        from cairn_airflow.plugins.page import page_links, render_page, request_links
 
         dag_id, task_id, run_id, _ = ti
         index, chosen, report = authorized_report(request, user, session, ti, verify, conn_id)
@@ -324,10 +399,13 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
             names["conn_id"] = chosen
         prefix = str(request.scope.get("root_path", "")).rstrip("/")
         api_url, verify_url, discard_url = page_links(prefix, names)
+        suspend_url, resume_url = request_links(prefix, names)
         discarded = request.query_params.get("discarded", "")
         return HTMLResponse(render_page(report, ti=names, api_url=api_url,
                                         verify_url=verify_url, discard_url=discard_url,
-                                        discarded=discarded if discarded.isdigit() else None))
+                                        discarded=discarded if discarded.isdigit() else None,
+                                        suspend_url=suspend_url, resume_url=resume_url,
+                                        asked=request.query_params.get("asked")))
 
     @app.post(API_PATH + "/discard", dependencies=can_discard)
     def discard_json(request: Request, session: SessionDep, user: GetUserDep,
@@ -349,11 +427,49 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
         prefix = str(request.scope.get("root_path", "")).rstrip("/")
         return RedirectResponse(f"{prefix}{PAGE_PATH}?{urlencode(names)}", status_code=303)
 
+    def authorized_ask(request: Request, user: Any, session: Any, ti: Ti, conn_id: str | None,
+                       kind: RequestKind, reason: str | None) -> tuple[int, str, dict[str, Any]]:
+        """The map index, the connection chosen and what ``ask`` made."""
+        dag_id, task_id, run_id, _ = ti
+        index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
+        made = ask(dag_id, task_id, run_id, index, conn_id=chosen, kind=kind,
+                   by=requester(user), reason=check_reason(reason))
+        return index, chosen, made
+
+    def add_ask_routes(kind: RequestKind) -> None:
+        """``POST .../suspend`` or ``.../resume``: the JSON API and the page's form."""
+        @app.post(f"{API_PATH}/{kind.value}", dependencies=can_discard)
+        def ask_json(request: Request, session: SessionDep, user: GetUserDep,
+                     ti: Annotated[Ti, Depends(ti_query)],
+                     body: Annotated[AskBody | None, Body()] = None,
+                     conn_id: str | None = None) -> JSONResponse:
+            reason = body.reason if body is not None else None
+            _, _, made = authorized_ask(request, user, session, ti, conn_id, kind, reason)
+            return JSONResponse(made)
+
+        @app.post(f"{PAGE_PATH}/{kind.value}", dependencies=can_discard)
+        def ask_form(request: Request, session: SessionDep, user: GetUserDep,
+                     ti: Annotated[Ti, Depends(ti_query)],
+                     reason: Annotated[str | None, Form()] = None,
+                     conn_id: str | None = None) -> RedirectResponse:
+            dag_id, task_id, run_id, _ = ti
+            index, chosen, _ = authorized_ask(request, user, session, ti, conn_id, kind, reason)
+            names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
+                     "map_index": str(index), "asked": kind.value}
+            if conn_id is not None:
+                names["conn_id"] = chosen
+            prefix = str(request.scope.get("root_path", "")).rstrip("/")
+            return RedirectResponse(f"{prefix}{PAGE_PATH}?{urlencode(names)}",
+                                    status_code=303)
+
+    for kind in RequestKind:
+        add_ask_routes(kind)
+
     @app.exception_handler(HTTPException)
     def refuse(request: Request, exc: HTTPException) -> Any:
         path = request.url.path.rstrip("/")
-        html = path.endswith(URL_PREFIX + PAGE_PATH) or path.endswith(URL_PREFIX + PAGE_PATH
-                                                                      + "/discard")
+        html = path.endswith(tuple(URL_PREFIX + PAGE_PATH + tail for tail in
+                                   ("", "/discard", "/suspend", "/resume")))
         if html and exc.status_code in (401, 403):
             return HTMLResponse(_refusal_page(exc.status_code, str(exc.detail)),
                                 status_code=exc.status_code)

@@ -183,9 +183,59 @@ def _discard_form(report: TaskReport, discard_url: str, discarded: str | None) -
             "</button></form>")
 
 
+_STATE_WORDS = {
+    "suspend-requested": "suspend asked, not honoured yet (the step stops at its next step() "
+                         "or within cairn run's grace)",
+    "suspended": "suspended: the final snapshot holds its progress; the task waits deferred",
+    "resume-requested": "resume asked: the task continues from the suspend snapshot",
+}
+
+
+def _suspension_section(report: TaskReport, *, suspend_url: str | None,
+                        resume_url: str | None, asked: str | None) -> str:
+    """Where a suspension stands (who asked, when, why) and the suspend or resume form."""
+    parts = []
+    if asked in ("suspend", "resume"):
+        parts.append(f'<div class="note" id="asked">{escape(asked)} asked.</div>')
+    held = report.suspension
+    if held is not None:
+        why = f" ({held['reason']})" if held.get("reason") else ""
+        state = str(held.get("state"))
+        lines = [f'<b id="suspend-state">{escape(state)}</b>: '
+                 f'{escape(_STATE_WORDS.get(state, state))}',
+                 f'<span id="suspend-by">asked by {escape(str(held.get("by")))} at '
+                 f'{escape(_time(str(held.get("at"))))} UTC{escape(why)}</span>, for epoch '
+                 f'{escape(str(held.get("epoch")))}']
+        if held.get("try_outcome"):
+            lines.append(f"that try ended {escape(str(held['try_outcome']))}")
+        if held.get("resumed_by"):
+            lines.append(f'<span id="resume-by">resume asked by {escape(str(held["resumed_by"]))}'
+                         f' at {escape(_time(str(held.get("resumed_at"))))} UTC</span>')
+        parts.append('<p class="meta" id="suspension">' + " · ".join(lines) + "</p>")
+    # Forms, not scripts: the iframe allows forms only. The reason is optional.
+    if report.held and resume_url:
+        parts.append(f'<form method="post" action="{escape(resume_url)}" id="resume-form">'
+                     '<input name="reason" maxlength="200" placeholder="reason (optional)"> '
+                     '<button type="submit" id="resume">Resume</button> the step continues '
+                     "from its suspend snapshot</form>")
+    elif report.running and suspend_url and (
+            held is None or not report.tries or held.get("epoch") != report.tries[-1].epoch):
+        # One suspend per try: a try whose suspend was cancelled by a resume keeps running.
+        parts.append(f'<form method="post" action="{escape(suspend_url)}" id="suspend-form">'
+                     '<input name="reason" maxlength="200" placeholder="reason (optional)"> '
+                     '<button type="submit" id="suspend">Suspend</button> the running step '
+                     "takes a final snapshot and stops; the task waits deferred until resumed"
+                     "</form>")
+    if not parts:
+        return ""
+    return "<h2>Suspend and resume</h2>" + "".join(parts)
+
+
 def render_page(report: TaskReport, *, ti: dict[str, str], api_url: str,
                 verify_url: str, discard_url: str | None = None,
-                discarded: str | None = None) -> str:
+                discarded: str | None = None, suspend_url: str | None = None,
+                resume_url: str | None = None, asked: str | None = None) -> str:
+
     """The whole page for one task instance (``ti``: dag_id, task_id, run_id, map_index)."""
     epochs = [t.epoch for t in report.tries]
     title = f"{ti['dag_id']} / {ti['task_id']}"
@@ -211,7 +261,9 @@ def render_page(report: TaskReport, *, ti: dict[str, str], api_url: str,
         f'{escape(report.state)}</b></p>'
         f'<p class="meta">verify: {verify} · <a href="{escape(api_url)}">JSON</a></p>'
         f"{notes}{summary}"
-        "<h2>Progress</h2>" + render_chart(report)
+        + _suspension_section(report, suspend_url=suspend_url, resume_url=resume_url,
+                              asked=asked)
+        + "<h2>Progress</h2>" + render_chart(report)
         + "<h2>Snapshots</h2>" + _snapshot_table(report, epochs)
         + "<h2>Attempts</h2>" + _tries_table(report, epochs)
         + (_discard_form(report, discard_url, discarded) if discard_url else "")
@@ -223,3 +275,9 @@ def page_links(prefix: str, ti: dict[str, str]) -> tuple[str, str, str]:
     query = urlencode(ti)
     return (f"{prefix}/api/snapshots?{query}", f"{prefix}/snapshots?{query}&verify=deep",
             f"{prefix}/snapshots/discard?{query}")
+
+
+def request_links(prefix: str, ti: dict[str, str]) -> tuple[str, str]:
+    """The suspend and resume form URLs for the same task instance."""
+    query = urlencode(ti)
+    return f"{prefix}/snapshots/suspend?{query}", f"{prefix}/snapshots/resume?{query}"

@@ -116,6 +116,15 @@ class TaskReport:
     deep_verified: bool = False
     outcomes_available: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The key's suspension that still matters (Suspension.to_json(): state, who asked, when,
+    # why, the resume), None when it has none.
+    suspension: dict[str, Any] | None = None
+    running: bool = False  # the newest try has no outcome record yet: it can be suspended
+
+    @property
+    def held(self) -> bool:
+        """Suspended (or asked to be) and not resumed: the page offers a resume."""
+        return self.suspension is not None and self.suspension.get("resumed_by") is None
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -287,10 +296,28 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
     except StoreError as e:
         rows = []
         notes.append(f"could not check the snapshots: {e}")
+    suspended = _suspension(store, key, notes)
+    last = tries[-1] if tries else None
+    running = (not done and last is not None and last.outcome is None
+               and outcomes is not None and last.ended == "no done record")
     return TaskReport(
+        suspension=suspended, running=running,
         key=str(key), store=store.url, state="done" if done else "active",
         snapshots=tuple(rows), tries=tuple(tries), points=points, resumes=tuple(resumes),
         started_at=cycle[0].created_at if cycle else None, seconds_per_step=per_step,
         steps_saved=total_saved,
         seconds_saved=total_saved * per_step if per_step is not None else None,
         deep_verified=deep, outcomes_available=outcomes is not None, notes=tuple(notes))
+
+
+def _suspension(store: Store, key: Key, notes: list[str]) -> dict[str, Any] | None:
+    """The key's suspension as JSON (None: none, or this cairn has no requests)."""
+    reader = getattr(store, "suspension", None)
+    if reader is None:
+        return None
+    try:
+        current = reader(key)
+    except StoreError as e:
+        notes.append(f"could not read the suspend requests: {e}")
+        return None
+    return None if current is None else current.to_json()
