@@ -503,6 +503,38 @@ def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(kubeconfig_for
                       max_preemptions=1)
 
 
+def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(kubeconfig_for: Any,
+                                                                    store_url: str) -> None:
+    """Exit 77 (issue 19): the pod is cleaned up as usual, then the task defers with the resume
+    trigger for the suspended try instead of failing; nothing is left running."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from cairn_airflow.triggers import CairnResumeTrigger
+
+    tried: dict[str, Any] = {}
+
+    def suspended_in_the_pod(key: Any) -> None:
+        with open_store(store_url) as store:
+            tried["key"], tried["epoch"] = str(key), store.open_attempt(key).epoch
+            store.request_suspend(key, by="operator", reason="GPUs needed")
+            store.record_outcome(key, Outcome(epoch=tried["epoch"],
+                                              outcome=OutcomeKind.SUSPENDED,
+                                              started_at=time.time() - 30,
+                                              ended_at=time.time()))
+
+    seen: list[tuple[str, str]] = []
+    with pytest.raises(TaskDeferred) as raised:
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=77, reason="Error"),
+                      prepare=suspended_in_the_pod, seen=seen, resume_poll=2)
+    deferred = raised.value
+    assert deferred.method_name == "resume_suspended" and deferred.timeout is None
+    assert isinstance(deferred.trigger, CairnResumeTrigger)
+    assert deferred.trigger.serialize()[1] == {
+        "store_url": store_url, "key": tried["key"], "epoch": tried["epoch"],
+        "resume_after": None, "poll_seconds": 2.0}
+    assert ("DELETE", "/api/v1/namespaces/training/pods/train-abc") in seen
+
+
 def test_pod_status_to_outcome_kind() -> None:
     assert outcome_from_pod(ended_pod(exit_code=137, reason="OOMKilled"), "base") is \
         OutcomeKind.FAILED
