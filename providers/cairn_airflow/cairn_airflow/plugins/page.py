@@ -235,7 +235,6 @@ def render_page(report: TaskReport, *, ti: dict[str, str], api_url: str,
                 verify_url: str, discard_url: str | None = None,
                 discarded: str | None = None, suspend_url: str | None = None,
                 resume_url: str | None = None, asked: str | None = None) -> str:
-
     """The whole page for one task instance (``ti``: dag_id, task_id, run_id, map_index)."""
     epochs = [t.epoch for t in report.tries]
     title = f"{ti['dag_id']} / {ti['task_id']}"
