@@ -1,12 +1,12 @@
-"""Lazy restore: the workload runs while the rest of its memory arrives (ADR 0021).
+"""Lazy restore: the workload runs while the rest of its memory arrives (ADR 0021, 0026).
 
 CRIU restores the process tree with ``--lazy-pages``: private anonymous memory (every page
-its pagemap marks ``PE_LAZY``) is left unpopulated and registered with userfaultfd, and
-``criu lazy-pages`` fills it, on each page fault first and then in the background, until
-every page is in. The daemon takes its pages from a *page server* over CRIU's page-server
-protocol; cairn is that server (:class:`PageServer`), and it serves a page only from a
-chunk of the snapshot that was read and verified (BLAKE3) for that purpose, never from a
-file still being filled (:class:`PageSource`).
+its pagemap marks ``PE_LAZY``) is left unpopulated and registered with userfaultfd, and each
+task's userfaultfd is handed over the ``lazy-pages.socket`` of the images directory to
+cairn's own handler (:mod:`cairn.process.lazy_handler`, in place of ``criu lazy-pages``),
+which fills it, on each page fault first and then in the background, until every page is
+in. It copies a page only from a chunk of the snapshot that was read and verified (BLAKE3)
+for that purpose, never from a file still being filled (:class:`PageSource`).
 
 Everything else is fetched and verified before CRIU starts: the small images, and in every
 ``pages-*.img`` the pages CRIU restores itself (stacks, file-backed private memory: the
@@ -14,29 +14,20 @@ entries without ``PE_LAZY``). Shared memory and GPU state are never lazy (CRIU r
 eagerly; a snapshot with GPU processes is restored eagerly by the supervisor).
 
 A chunk that fails verification ends the restore: the restored tree is killed *before* the
-daemon is told to stop, because a process whose userfaultfd closes would read zeros where
-its memory was (see :meth:`LazyRestore.fail`). The supervisor then restores the previous
-snapshot. No dump is taken while pages are outstanding: the images of a half-filled process
-are not a snapshot (the supervisor polls :meth:`LazyRestore.poll`).
-
-The page-server protocol (CRIU 4.1.1 ``criu/page-xfer.c``): each message is
-``struct page_server_iov { u32 cmd; u32 nr_pages; u64 vaddr; u64 dst_id; }``, little endian.
-The daemon sends ``PS_IOV_GET`` for ``nr_pages`` at ``vaddr`` of process ``dst_id`` (its
-PID as dumped, unlike the ``pid << 8 | type`` ids of a dump's messages); the server answers with the same header, ``cmd = PS_IOV_ADD_F | PE_PRESENT
-<< 16``, followed by the pages. ``PS_IOV_CLOSE`` (or ``PS_IOV_FORCE_CLOSE``) ends the session
-and is answered with an ``int32`` status of 0. The socket is one end of a loopback TCP pair
-made here and handed to the daemon as ``--ps-socket``: nothing listens on a port.
+handler closes its userfaultfds, because a process whose userfaultfd closes would read zeros
+where its memory was (see :meth:`LazyRestore.fail`). The supervisor then restores the
+previous snapshot. No dump is taken while pages are outstanding: the images of a half-filled
+process are not a snapshot (the supervisor polls :meth:`LazyRestore.poll`).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
 import logging
+import mmap
 import os
-import socket
-import struct
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +35,9 @@ from dataclasses import dataclass
 
 from cairn.exceptions import CorruptSnapshot, CriuFailed
 from cairn.process import criu as criu_mod
-from cairn.process.images import PAGE_SIZE, PE_LAZY, read_pagemap
+from cairn.process import uffd
+from cairn.process.images import PAGE_SIZE, PE_LAZY, entries, fields, read_pagemap
+from cairn.process.lazy_handler import FaultHandler, HandlerStats, Pending
 from cairn.process.snapshot import IMAGES
 from cairn.store import Manifest, Store
 from cairn.store.fileops import pwrite_all
@@ -53,20 +46,25 @@ from cairn.store.reader import SnapshotReader
 
 log = logging.getLogger("cairn.run")
 
-PS_IOV_ADD_F = 6
-PS_IOV_GET = 7
-PS_IOV_CLOSE = 0x1023
-PS_IOV_FORCE_CLOSE = 0x1024
-PS_CMD_BITS = 16
-PE_PRESENT = 1 << 2
-IOV = struct.Struct("<IIQQ")
-LAZY_LOG = "lazy-pages.log"
-DAEMON_SOCKET = "lazy-pages.socket"  # criu lazy-pages listens here, in the images directory
-DAEMON_START_S = 30.0
+MM_MAGIC = 0x57492820  # mm-<pid>.img (criu/include/magic.h)
 # The background fetch: FILL_THREADS steps of FILL_STEP_BYTES in flight (one ranged read
 # each), so reading and hashing overlap on every core while a fault's own fetch goes first.
 FILL_STEP_BYTES = 4 << 20
 FILL_THREADS = 3
+FILL_THREADS_DURING_FAULTS = 1  # the others wait while faults fetch (fill_next)
+FAULT_QUIET_S = 0.05
+STOP_S = 10.0
+
+
+def read_vma_bounds(path: str) -> list[int]:
+    """Every VMA start and end of an ``mm-<pid>.img``, sorted (a copy stays inside one)."""
+    messages = entries(path, magic=MM_MAGIC)
+    bounds: set[int] = set()
+    for number, value in fields(messages[0]) if messages else ():
+        if number == 14 and isinstance(value, bytes):  # mm_entry.vmas
+            vma = {n: v for n, v in fields(value) if n in (1, 2)}
+            bounds.update(int(v) for v in vma.values())
+    return sorted(bounds)
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,7 @@ class PageIndex:
     def __init__(self, image_dir: str) -> None:
         self._runs: dict[int, list[_Run]] = {}
         self._starts: dict[int, list[int]] = {}
+        self._bounds: dict[int, list[int]] = {}
         for name in sorted(os.listdir(image_dir)):
             if not (name.startswith("pagemap-") and name.endswith(".img")):
                 continue
@@ -102,6 +101,8 @@ class PageIndex:
             out.sort(key=lambda r: r.vaddr)
             self._runs[pid] = out
             self._starts[pid] = [r.vaddr for r in out]
+            mm = os.path.join(image_dir, f"mm-{pid}.img")
+            self._bounds[pid] = read_vma_bounds(mm) if os.path.exists(mm) else []
 
     def pids(self) -> list[int]:
         return sorted(self._runs)
@@ -111,18 +112,35 @@ class PageIndex:
         return [(r.pages, r.offset, r.length) for runs in self._runs.values()
                 for r in runs if not r.lazy]
 
+    def lazy_segments(self, pid: int) -> Pending:
+        """What the handler copies into ``pid``: its lazy runs, cut at the dumped VMA bounds
+        (``UFFDIO_COPY`` fills one VMA at a time). Empty for a PID the snapshot lacks."""
+        bounds = self._bounds.get(pid, [])
+        out = []
+        for run in self._runs.get(pid, []):
+            if not run.lazy:
+                continue
+            start, end = run.vaddr, run.vaddr + run.length
+            i = bisect.bisect_right(bounds, start)
+            while i < len(bounds) and bounds[i] < end:
+                out.append((start, bounds[i], start))
+                start = bounds[i]
+                i += 1
+            out.append((start, end, start))
+        return Pending(out)
+
     def locate(self, pid: int, vaddr: int, length: int) -> list[tuple[str, int, int]]:
         """The ``(pages image, offset, length)`` pieces holding ``length`` bytes at ``vaddr``
         of ``pid``. Raises CorruptSnapshot for an address the pagemap does not cover."""
         runs, starts = self._runs.get(pid), self._starts.get(pid)
         if runs is None or starts is None:
-            raise CorruptSnapshot(f"the lazy-pages daemon asked for pages of pid {pid}, "
+            raise CorruptSnapshot(f"the restored tree asked for pages of pid {pid}, "
                                   "which the snapshot does not hold")
         pieces = []
         while length > 0:
             i = bisect.bisect_right(starts, vaddr) - 1
             if i < 0 or vaddr >= runs[i].vaddr + runs[i].length:
-                raise CorruptSnapshot(f"the lazy-pages daemon asked for {vaddr:#x} of pid "
+                raise CorruptSnapshot(f"the restored tree asked for {vaddr:#x} of pid "
                                       f"{pid}, which no pagemap entry holds")
             run = runs[i]
             take = min(length, run.vaddr + run.length - vaddr)
@@ -133,6 +151,23 @@ class PageIndex:
 
 
 _MISSING, _IN_FLIGHT, _VERIFIED = 0, 1, 2
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _map(fd: int, size: int) -> int:
+    """The address of a read-only shared mapping of ``size`` bytes of ``fd``."""
+    address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of the lazy restore's scratch: {os.strerror(err)}")
+    return int(address)
 
 
 class _ChunkFile:
@@ -150,6 +185,13 @@ class _ChunkFile:
         self.state = [_MISSING] * len(self.chunks)
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.ftruncate(self.fd, self.size)
+        # What UFFDIO_COPY reads from: the same page cache the verified chunks are written to.
+        self.base = _map(self.fd, self.size) if self.size else 0
+
+    def unmap(self) -> None:
+        if self.base:
+            _libc.munmap(self.base, self.size)
+            self.base = 0
 
     def span(self, offset: int, length: int) -> range:
         """Indices of the chunks covering ``[offset, offset + length)``."""
@@ -170,6 +212,7 @@ class PageSource:
     def __init__(self, reader: SnapshotReader, manifest: Manifest, image_dir: str,
                  names: Sequence[str]) -> None:
         self._reader = reader
+        self.on_progress: Callable[[], None] = lambda: None  # after each verified run
         self._cond = threading.Condition()
         self._files: dict[str, _ChunkFile] = {}
         self._failure: BaseException | None = None
@@ -178,6 +221,9 @@ class PageSource:
             entry = manifest.file(f"{IMAGES}/{name}")
             self._files[name] = _ChunkFile(os.path.join(image_dir, name), entry.chunks)
         self._cursor = [(name, 0) for name in names]  # where the background goes on
+        self._urgent = 0  # faults fetching now
+        self._last_urgent = 0.0  # when the last one was served
+        self._closed = False
 
     def _claim(self, file: _ChunkFile, indices: range) -> list[tuple[int, int]]:
         """Mark the missing chunks of ``indices`` in flight; their runs ``(start, end)``.
@@ -205,6 +251,7 @@ class PageSource:
                         file.state[i] = _VERIFIED
                     self.bytes_fetched += len(data)
                     self._cond.notify_all()
+                self.on_progress()
         except BaseException as e:
             with self._cond:
                 if self._failure is None:
@@ -212,9 +259,24 @@ class PageSource:
                 self._cond.notify_all()
             raise
 
-    def ensure(self, name: str, offset: int, length: int) -> None:
+    def ensure(self, name: str, offset: int, length: int, *, urgent: bool = False) -> None:
         """Block until ``[offset, offset + length)`` of pages image ``name`` is verified and
-        in its scratch file. Raises CorruptSnapshot (or the error that ended a fetch)."""
+        in its scratch file. Raises CorruptSnapshot (or the error that ended a fetch).
+        ``urgent``: a page fault waits for it; the background fetch makes room (see
+        :meth:`fill_next`)."""
+        if urgent:
+            with self._cond:
+                self._urgent += 1
+        try:
+            self._ensure(name, offset, length)
+        finally:
+            if urgent:
+                with self._cond:
+                    self._urgent -= 1
+                    self._last_urgent = time.monotonic()
+                    self._cond.notify_all()
+
+    def _ensure(self, name: str, offset: int, length: int) -> None:
         file = self._files[name]
         if offset < 0 or length < 0 or offset + length > file.size:
             raise CorruptSnapshot(f"{name}: bytes {offset}..{offset + length} are outside "
@@ -246,10 +308,43 @@ class PageSource:
             raise CorruptSnapshot(f"{name}: short read of the verified scratch copy")
         return data
 
-    def fill_next(self) -> bool:
-        """Claim and fetch the next missing chunks (about FILL_STEP_BYTES) in image order;
-        False when none is left to claim. Several threads may call it at once."""
+    def address(self, name: str, offset: int) -> int:
+        """Where byte ``offset`` of pages image ``name`` is mapped in this process (read it
+        only after :meth:`ensure` of it returned)."""
+        return self._files[name].base + offset
+
+    def ready_prefix(self, name: str, offset: int, length: int) -> int:
+        """How many bytes from ``offset`` (at most ``length``) are verified already."""
+        file = self._files[name]
+        if length <= 0:
+            return 0
         with self._cond:
+            end = offset
+            for i in file.span(offset, length):
+                if file.state[i] != _VERIFIED:
+                    break
+                end = file.offsets[i] + file.chunks[i].size
+        return max(0, min(end, offset + length) - offset)
+
+    @property
+    def exhausted(self) -> bool:
+        """Every chunk is claimed (verified, or being fetched by someone)."""
+        with self._cond:
+            return not self._cursor
+
+    def fill_next(self, *, yield_to_faults: bool = False) -> bool:
+        """Claim and fetch the next missing chunks (about FILL_STEP_BYTES) in image order;
+        False when none is left to claim. Several threads may call it at once.
+
+        ``yield_to_faults``: first wait while page faults are fetching, and until none came
+        for FAULT_QUIET_S: a step that faults in its working set gets the disk and the cores
+        (measured in ADR 0026)."""
+        with self._cond:
+            while yield_to_faults and self._failure is None and not self._closed:
+                quiet = self._last_urgent + FAULT_QUIET_S - time.monotonic()
+                if not self._urgent and quiet <= 0:
+                    break
+                self._cond.wait(max(quiet, 0.001) if not self._urgent else None)
             self._raise_failure()
             while self._cursor:
                 name, index = self._cursor[0]
@@ -278,107 +373,34 @@ class PageSource:
             return all(all(s == _VERIFIED for s in f.state) for f in self._files.values())
 
     def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         for file in self._files.values():
+            file.unmap()
             with contextlib.suppress(OSError):
                 os.close(file.fd)
 
 
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
-    """``size`` bytes, or None at a clean end of stream before the first byte."""
-    parts, got = [], 0
-    while got < size:
-        piece = sock.recv(size - got)
-        if not piece:
-            if got == 0:
-                return None
-            raise ConnectionError("the lazy-pages daemon closed the socket mid-message")
-        parts.append(piece)
-        got += len(piece)
-    return b"".join(parts)
-
-
-class PageServer:
-    """Answers the lazy-pages daemon's ``PS_IOV_GET`` requests from a :class:`PageSource`.
-    :meth:`serve` runs on its own thread until the daemon closes the session."""
-
-    def __init__(self, sock: socket.socket, source: PageSource, index: PageIndex, *,
-                 on_corrupt: Callable[[CorruptSnapshot], None]) -> None:
-        self._sock = sock
-        self._source = source
-        self._index = index
-        self._on_corrupt = on_corrupt
-        self.requests = 0
-        self.bytes_served = 0
-        self.error: BaseException | None = None
-        self.closed_cleanly = False
-
-    def serve(self) -> None:
-        try:
-            self._loop()
-        except CorruptSnapshot as e:
-            self.error = e
-            self._on_corrupt(e)  # kills the tree before the daemon learns of the failure
-        except (OSError, ConnectionError, ValueError) as e:
-            self.error = e
-        finally:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-
-    def _loop(self) -> None:
-        while True:
-            header = _recv_exact(self._sock, IOV.size)
-            if header is None:
-                return
-            cmd, nr_pages, vaddr, dst_id = IOV.unpack(header)
-            if cmd in (PS_IOV_CLOSE, PS_IOV_FORCE_CLOSE):
-                self._sock.sendall(struct.pack("<i", 0))
-                self.closed_cleanly = True
-                return
-            if cmd & ((1 << PS_CMD_BITS) - 1) != PS_IOV_GET:
-                raise ValueError(f"unexpected page-server command {cmd:#x} from the daemon")
-            pid = dst_id  # a GET names the process by its PID, not encoded (uffd.c)
-            pieces = self._index.locate(pid, vaddr, nr_pages * PAGE_SIZE)
-            data = b"".join(self._source.read(name, offset, length)
-                            for name, offset, length in pieces)
-            reply = IOV.pack(PS_IOV_ADD_F | (PE_PRESENT << PS_CMD_BITS), nr_pages, vaddr, dst_id)
-            self._sock.sendall(reply + data)
-            self.requests += 1
-            self.bytes_served += len(data)
-
-
-def _socket_pair() -> tuple[socket.socket, socket.socket]:
-    """A connected loopback TCP pair (CRIU sets TCP options on the page-server socket). The
-    listener accepts one connection and only from the socket made here."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        server, peer = listener.accept()
-        # Each reply is one page fault's wait: never held back for a fuller segment (Nagle).
-        server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if peer != client.getsockname():
-            client.close()
-            server.close()
-            raise CriuFailed("another process connected to the lazy restore's page server "
-                             "socket before cairn did; try again")
-    return server, client
 
 
 @dataclass
 class LazyStats:
     started: float
     restored_s: float = 0.0  # until criu restore returned: the workload runs from here
-    resident_s: float | None = None  # until the daemon had put every page in
-    bytes_served: int = 0
+    resident_s: float | None = None  # until every page was in
+    bytes_served: int = 0  # copied into the tree: on faults and in the background
     bytes_fetched: int = 0
-    requests: int = 0
+    requests: int = 0  # page faults answered
+    handler: HandlerStats | None = None
 
 
 class LazyRestore:
     """One lazy restore in ``image_dir`` (whose small images, and the pages CRIU restores
-    itself, are already fetched and verified), from :meth:`start` until :attr:`done`.
+    itself, are already fetched and verified), from :meth:`start` until :meth:`poll` is True.
 
-    Owned by the thread that started it; the page server and the filler are its own threads.
-    """
+    Owned by the thread that started it; the fault handler and the fetchers are its own
+    threads."""
 
     def __init__(self, *, store: Store, manifest: Manifest, image_dir: str,
                  pages_names: Sequence[str], kill_tree: Callable[[int], None]) -> None:
@@ -386,11 +408,10 @@ class LazyRestore:
         self.index = PageIndex(image_dir)
         self.source = PageSource(store.reader(manifest), manifest, image_dir, pages_names)
         self._kill_tree = kill_tree
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._daemon: subprocess.Popen[bytes] | None = None
-        self._daemon_status: int | None = None
         self._threads: list[threading.Thread] = []
-        self._server: PageServer | None = None
+        self._handler: FaultHandler | None = None
         self.failure: BaseException | None = None
         self.root_pid: int | None = None  # set before the background fetch starts
         self.stats = LazyStats(started=time.monotonic())
@@ -398,136 +419,100 @@ class LazyRestore:
             self.source.ensure(name, offset, length)
 
     def start(self, criu: str, *, pidfile: str, timeout: float | None = None) -> int:
-        """Start the page server and ``criu lazy-pages``, then ``criu restore --lazy-pages``;
-        returns the restored root's PID (a child of the caller, as
+        """Start the fault handler on ``lazy-pages.socket``, then ``criu restore
+        --lazy-pages``; returns the restored root's PID (a child of the caller, as
         :func:`cairn.process.criu.restore`). Raises CriuFailed."""
-        server_sock, daemon_sock = _socket_pair()
-        self._server = PageServer(server_sock, self.source, self.index,
-                                  on_corrupt=self.fail)
-        serve = threading.Thread(target=self._server.serve, name="cairn-page-server",
-                                 daemon=True)
-        serve.start()
-        self._threads.append(serve)
-        argv = [criu, "lazy-pages", "-D", self.image_dir, "-o", LAZY_LOG, "--page-server",
-                "--ps-socket", str(daemon_sock.fileno())]
+        listener = uffd.HandoverListener(self.image_dir)
+        handler = FaultHandler(listener, plan=self.index.lazy_segments,
+                               locate=self.index.locate, source=self.source,
+                               on_failure=self.fail)
+        self._handler = handler
+        self.source.on_progress = handler.wake
+        thread = threading.Thread(target=handler.run, name="cairn-uffd", daemon=True)
+        thread.start()
+        self._threads.append(thread)
         try:
-            self._daemon = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL,
-                                            pass_fds=(daemon_sock.fileno(),),
-                                            preexec_fn=criu_mod.set_parent_death_kill)
-        finally:
-            daemon_sock.close()
-        self._wait_for_daemon_socket()
-        pid = criu_mod.restore(criu, self.image_dir, pidfile=pidfile, timeout=timeout,
-                               extra=["--lazy-pages"])
+            pid = criu_mod.restore(criu, self.image_dir, pidfile=pidfile, timeout=timeout,
+                                   extra=["--lazy-pages"])
+        except BaseException:
+            handler.stop()
+            raise
         self.stats.restored_s = time.monotonic() - self.stats.started
-        self.root_pid = pid
-        if self.failure is not None:  # the server failed while CRIU was restoring
+        with self._lock:
+            self.root_pid = pid
+        if self.failure is not None:  # the handler failed while CRIU was restoring
             self.fail(self.failure)
         for n in range(FILL_THREADS):
-            fill = threading.Thread(target=self._fill, name=f"cairn-lazy-fill-{n}", daemon=True)
+            fill = threading.Thread(target=self._fill, args=(n >= FILL_THREADS_DURING_FAULTS,),
+                                    name=f"cairn-lazy-fill-{n}", daemon=True)
             fill.start()
             self._threads.append(fill)
         return pid
 
-    def _wait_for_daemon_socket(self) -> None:
-        path = os.path.join(self.image_dir, DAEMON_SOCKET)
-        deadline = time.monotonic() + DAEMON_START_S
-        while not os.path.exists(path):
-            assert self._daemon is not None
-            if self._daemon.poll() is not None:
-                raise CriuFailed("criu lazy-pages exited before it was ready "
-                                 f"(exit {self._daemon.returncode}):\n{self._log_tail()}")
-            if time.monotonic() > deadline:
-                raise CriuFailed(f"criu lazy-pages did not start within {DAEMON_START_S:.0f}s")
-            time.sleep(0.005)
-
-    def _log_tail(self) -> str:
-        return criu_mod.log_tail(os.path.join(self.image_dir, LAZY_LOG))
-
-    def _fill(self) -> None:
+    def _fill(self, yield_to_faults: bool) -> None:
         try:
-            while not self._stop.is_set() and self.source.fill_next():
+            while not self._stop.is_set() and \
+                    self.source.fill_next(yield_to_faults=yield_to_faults):
                 pass
         except CorruptSnapshot as e:
             self.fail(e)
         except OSError as e:  # the scratch went away: the restore is being torn down
             if not self._stop.is_set():
                 self.fail(e)
+        if self._handler is not None:
+            self._handler.wake()
 
     def fail(self, error: BaseException) -> None:
         """End the restore: kill the restored tree first (its memory is incomplete and must
-        never run on zeros), then the daemon. Safe from any thread, more than once."""
-        if self.failure is None:
-            self.failure = error
-            log.error("lazy restore failed: %s; killing the restored workload", error)
+        never run on zeros), then stop the handler, which closes the userfaultfds. Safe from
+        any thread, more than once."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = error
+                log.error("lazy restore failed: %s; killing the restored workload", error)
+            root = self.root_pid
         self._stop.set()
-        if self.root_pid is not None:
-            with contextlib.suppress(Exception):
-                self._kill_tree(self.root_pid)
-        if self._daemon is not None and self._daemon.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._daemon.kill()
-
-    def reaped(self, pid: int, status: int) -> bool:
-        """Tell the restore that the caller reaped ``pid`` (a ``waitpid(-1)`` loop takes the
-        daemon's status too); True when it was the daemon."""
-        if self._daemon is None or pid != self._daemon.pid:
-            return False
-        self._daemon_status = status
-        self._daemon.returncode = os.waitstatus_to_exitcode(status)
-        return True
+        if root is None:
+            return  # CRIU is still restoring: start() kills the tree once it has its root
+        with contextlib.suppress(Exception):
+            self._kill_tree(root)
+        if self._handler is not None:
+            self._handler.stop()
 
     def poll(self) -> bool:
-        """Whether the daemon has ended: every page delivered, or a failure (then
+        """Whether the restore has ended: every page in, or a failure (then
         :attr:`failure` is set and the tree is killed)."""
-        if self._daemon is None:
+        handler = self._handler
+        if handler is None:
             return True
-        if self._daemon.returncode is None:
-            try:
-                if self._daemon.poll() is None:
-                    return False
-            except ChildProcessError:
-                pass
+        if not handler.done.is_set():
+            return False
         if self.stats.resident_s is None:
             self.stats.resident_s = time.monotonic() - self.stats.started
-            self._finish_stats()
-            code = self._daemon.returncode
-            server = self._server
-            if code != 0 or (server is not None and server.error is not None):
-                reason = (server.error if server is not None and server.error is not None
-                          else CriuFailed(f"criu lazy-pages exited {code}:\n{self._log_tail()}"))
-                self.fail(reason)
+            self.stats.bytes_served = handler.stats.fault_bytes + handler.stats.background_bytes
+            self.stats.requests = handler.stats.faults
+            self.stats.bytes_fetched = self.source.bytes_fetched
+            self.stats.handler = handler.stats
+            if not handler.complete and self.failure is None:
+                self.fail(handler.error or CriuFailed("the lazy restore's handler stopped "
+                                                      "before every page was in"))
         return True
-
-    def _finish_stats(self) -> None:
-        if self._server is not None:
-            self.stats.bytes_served = self._server.bytes_served
-            self.stats.requests = self._server.requests
-        self.stats.bytes_fetched = self.source.bytes_fetched
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until :attr:`done` (True) or ``timeout`` seconds (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.poll():
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        """Wait until :meth:`poll` is True (True) or ``timeout`` seconds (False)."""
+        handler = self._handler
+        if handler is not None and not handler.done.wait(timeout):
+            return False
+        return self.poll()
 
     def close(self) -> None:
-        """Stop the filler, the daemon and the server; the caller then removes the images."""
+        """Stop the fetchers and the handler; the caller then removes the images."""
         self._stop.set()
-        if self._daemon is not None and self._daemon.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._daemon.kill()
-            with contextlib.suppress(Exception):
-                self._daemon.wait(timeout=10)
+        if self._handler is not None:
+            self._handler.stop()
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=STOP_S)
         self.source.close()
-
 
 def pages_names(manifest: Manifest) -> list[str]:
     """The pages images of a process snapshot (what a lazy restore fetches on demand)."""

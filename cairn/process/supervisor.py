@@ -549,11 +549,11 @@ class Supervisor:
         restored = self._restored
         if restored is None or restored.lazy is None:
             return False
-        restored.lazy.poll()  # a daemon that died sets the failure (and kills the tree)
+        restored.lazy.poll()  # a handler that stopped early sets the failure (and kills the tree)
         return restored.lazy.failure is not None
 
     def _restart_after_lazy_failure(self) -> dict[str, int]:
-        """A lazy restore failed (a chunk did not verify, or the daemon died): its tree is
+        """A lazy restore failed (a chunk did not verify, or its handler failed): its tree is
         killed; reap it and start again from the previous snapshot (or fresh)."""
         assert self._restored is not None and self._restored.lazy is not None
         seq = self.restored_from
@@ -942,10 +942,6 @@ class Supervisor:
                 return None
             if pid == 0:
                 return None
-            restored = self._restored
-            if restored is not None and restored.lazy is not None and \
-                    restored.lazy.reaped(pid, status):
-                continue
             if pid == self.child:
                 self.child = None
                 if self._proc is not None and self._proc.pid == pid:

@@ -1,12 +1,10 @@
-"""The lazy restore's page index, page source and page server, against a real local store
-and a real socket speaking CRIU's page-server protocol (the daemon itself is driven in
+"""The lazy restore's page index and page source against a real local store (the handler in
+``test_lazy_handler.py``; the whole restore under CRIU in
 ``tests/integration/process/test_lazy_restore.py``)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import struct
 import threading
 from pathlib import Path
 
@@ -82,51 +80,35 @@ def test_the_source_serves_verified_bytes_while_three_threads_fill(tmp_path: Pat
     store.close()
 
 
-def exchange(server: lazy.PageServer, client: socket.socket, messages: bytes) -> bytes:
-    thread = threading.Thread(target=server.serve)
-    thread.start()
-    client.sendall(messages)
-    client.shutdown(socket.SHUT_WR)
-    received = b""
-    while piece := client.recv(1 << 16):
-        received += piece
-    thread.join(timeout=30)
-    return received
-
-
-def test_the_server_answers_gets_and_the_close_as_criu_expects(tmp_path: Path) -> None:
-    store, manifest, pages, image_dir = snapshot_with_pages(tmp_path)
-    index = lazy.PageIndex(image_dir)
+def test_a_corrupt_chunk_is_reported_to_every_reader_and_never_written(tmp_path: Path) -> None:
+    store, manifest, _, image_dir = snapshot_with_pages(tmp_path)
+    chunk = next(c for c in manifest.file("images/pages-1.img").chunks)
+    flip_byte(store.backend, chunk.pack, chunk.offset)
     source = lazy.PageSource(store.reader(manifest), manifest, image_dir, ["pages-1.img"])
-    ours, theirs = socket.socketpair()
-    server = lazy.PageServer(ours, source, index, on_corrupt=lambda e: None)
-    get = lazy.IOV.pack(lazy.PS_IOV_GET, 2, 0x10014000, PID)
-    close = lazy.IOV.pack(lazy.PS_IOV_CLOSE, 0, 0, 0)
-    received = exchange(server, theirs, get + close)
-    header = lazy.IOV.unpack(received[:lazy.IOV.size])
-    assert header == (lazy.PS_IOV_ADD_F | lazy.PE_PRESENT << 16, 2, 0x10014000, PID)
-    body = received[lazy.IOV.size:lazy.IOV.size + 2 * PAGE]
-    assert body == pages[22 * PAGE:24 * PAGE]  # the second lazy run starts at page 22
-    assert received[lazy.IOV.size + 2 * PAGE:] == struct.pack("<i", 0)
-    assert server.closed_cleanly and server.error is None and server.requests == 1
+    with pytest.raises(CorruptSnapshot, match="does not match its digest"):
+        source.ensure("pages-1.img", 0, PAGE, urgent=True)
+    with pytest.raises(CorruptSnapshot):
+        source.read("pages-1.img", 0, PAGE)  # every later reader sees the failure too
+    with pytest.raises(CorruptSnapshot):
+        source.fill_next(yield_to_faults=True)
+    assert source.ready_prefix("pages-1.img", 0, PAGE) == 0
+    assert Path(image_dir, "pages-1.img").read_bytes()[:chunk.size] == bytes(chunk.size)
     source.close()
     store.close()
 
 
-def test_a_corrupt_chunk_is_reported_and_never_sent(tmp_path: Path) -> None:
+def test_ready_prefix_counts_verified_bytes_from_an_offset(tmp_path: Path) -> None:
     store, manifest, pages, image_dir = snapshot_with_pages(tmp_path)
-    chunk = next(c for c in manifest.file("images/pages-1.img").chunks)
-    flip_byte(store.backend, chunk.pack, chunk.offset)
-    index = lazy.PageIndex(image_dir)
     source = lazy.PageSource(store.reader(manifest), manifest, image_dir, ["pages-1.img"])
-    reported: list[CorruptSnapshot] = []
-    ours, theirs = socket.socketpair()
-    server = lazy.PageServer(ours, source, index, on_corrupt=reported.append)
-    received = exchange(server, theirs, lazy.IOV.pack(lazy.PS_IOV_GET, 1, 0x7FFF0000, PID))
-    assert received == b"", "nothing is sent for a page whose chunk does not verify"
-    assert len(reported) == 1 and "does not match its digest" in str(reported[0])
-    with pytest.raises(CorruptSnapshot):
-        source.read("pages-1.img", 0, PAGE)  # every later reader sees the failure too
+    assert source.ready_prefix("pages-1.img", 0, len(pages)) == 0
+    source.ensure("pages-1.img", 0, PAGE)
+    first = manifest.file("images/pages-1.img").chunks[0].size
+    assert source.ready_prefix("pages-1.img", 0, len(pages)) == first
+    assert source.ready_prefix("pages-1.img", PAGE, len(pages)) == first - PAGE
+    assert not source.exhausted
+    while source.fill_next():
+        pass
+    assert source.exhausted and source.ready_prefix("pages-1.img", 0, len(pages)) == len(pages)
     source.close()
     store.close()
 
