@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from cairn.exceptions import CairnError, ConfigError, Fenced, GaveUp, Preempted, Suspended
     from cairn.policy.resume import AfterTry, ResumeOn, ResumePolicy
     from cairn.state.checkpointer import Checkpointer, PersistMode, WhenBusy
-    from cairn.store import Key, Store, open_store
+    from cairn.runtime.stores import open_store
+    from cairn.store import Key, Store
     from cairn.tries import Try
 
 _PUBLIC = {
@@ -28,7 +29,7 @@ _PUBLIC = {
     "WhenBusy": "cairn.state.checkpointer",
     "Key": "cairn.store",
     "Store": "cairn.store",
-    "open_store": "cairn.store",
+    "open_store": "cairn.runtime.stores",
     "AfterTry": "cairn.policy.resume",
     "ResumeOn": "cairn.policy.resume",
     "ResumePolicy": "cairn.policy.resume",

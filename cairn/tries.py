@@ -37,7 +37,7 @@ def read_history(store: str, key: Key) -> History:
     """``key``'s tries and outcome records in the store at ``store``; empty when the store does
     not exist yet (the first try creates it). The store's credentials must be in the
     environment."""
-    from cairn.store import open_store
+    from cairn.runtime.stores import open_store
 
     try:
         with open_store(store, create=False) as opened:

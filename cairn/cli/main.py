@@ -28,7 +28,8 @@ from cairn.exceptions import CairnError, ConfigError, NotFound
 from cairn.runtime import env
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode, exit_code_for
-from cairn.store import Key, Manifest, Store, open_store
+from cairn.runtime.stores import open_store
+from cairn.store import Key, Manifest, Store
 from cairn.store.outcomes import parse_iso
 from cairn.store.slotlog import RecordKind
 
@@ -307,6 +308,44 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# -- secrets and keys (ADR 0025) ---------------------------------------------------------------
+
+def cmd_secret_new(args: argparse.Namespace) -> int:
+    from cairn.store import write_secret_file
+
+    secret = write_secret_file(args.path)
+    print(f"wrote secret {secret.id} to {args.path} (mode 0600). Keep a copy: every snapshot "
+          f"sealed with it is lost with it. Use it with `cairn --secret-file {args.path} ...` "
+          f"or {env.SECRET_FILE}={args.path}; mount it as a Kubernetes Secret, never put it in "
+          "a pod spec.")
+    return ExitCode.OK
+
+
+def cmd_keys(args: argparse.Namespace, store: Store) -> int:
+    if not store.encrypted:
+        raise ConfigError(f"the store {store.url} is not encrypted: it has no keys (create a "
+                          f"new store with {env.SECRET_FILE} set to encrypt one)")
+    if args.rotate or args.new_secret:
+        from cairn.store import load_secret_file
+
+        new_secret = load_secret_file(args.new_secret) if args.new_secret else None
+        store.rotate_keys(new_secret=new_secret, new_data_key=args.rotate or new_secret is None)
+    keyring = store.keyring
+    assert keyring is not None
+    doc = {"store": store.url, "store_id": store.store_id, "keyring_record": keyring.seq,
+           "sealed_by_secret": keyring.secret_id, "active": keyring.active,
+           "keys": [{"id": kid, "created": keyring.created.get(kid, "")} for kid in keyring.keys]}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return ExitCode.OK
+    print(f"store {store.url} (id {store.store_id}), encrypted; keyring record {keyring.seq}, "
+          f"sealed by secret {keyring.secret_id}")
+    for key in doc["keys"]:
+        mark = "  (active: new objects are sealed with it)" if key["id"] == keyring.active else ""
+        print(f"  data key {key['id']}  created {key['created'] or '?'}{mark}")
+    return ExitCode.OK
+
+
 # -- doctor -----------------------------------------------------------------------------------
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -366,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
                "5 fenced, 6 storage error, 7 host not ready (doctor), 75/76 preempted (run), "
                "77 suspended (run), 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"cairn {__version__}")
+    secret_help = (f"the secret file that opens an encrypted store (default: ${env.SECRET_FILE}); "
+                   "with it a new store is created encrypted")
+    parser.add_argument("--secret-file", metavar="PATH", default=None, help=secret_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
@@ -375,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
         p.add_argument("-v", "--verbose", action="store_true", help="log what is skipped and why")
+        p.add_argument("--secret-file", metavar="PATH", default=argparse.SUPPRESS,
+                       help=secret_help)
         return p
 
     p = command("put", "Snapshot files or directories under KEY (deduplicated against the last one).")
@@ -496,7 +540,22 @@ def build_parser() -> argparse.ArgumentParser:
                         f"default ${env.EXCLUDE_SEQS})")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+    p.add_argument("--secret-file", metavar="PATH", default=argparse.SUPPRESS, help=secret_help)
     p.set_defaults(func=cmd_run, store=None)
+
+    help_text = "make a new secret file (a key-encryption key for encrypted stores)"
+    p = sub.add_parser("secret", help=help_text, description=help_text)
+    secret_sub = p.add_subparsers(dest="secret_command", required=True, metavar="ACTION")
+    p = secret_sub.add_parser("new", help="write a new secret to PATH (never overwrites)")
+    p.add_argument("path", metavar="PATH")
+    p.set_defaults(func=cmd_secret_new, store=None, verbose=False)
+
+    p = command("keys", "show an encrypted store's key ids (never key bytes); rotate them")
+    p.add_argument("--rotate", action="store_true",
+                   help="add a new data key for new snapshots (old ones stay readable)")
+    p.add_argument("--new-secret", metavar="PATH", default=None,
+                   help="re-seal the keyring with this secret (from now on it opens the store)")
+    p.set_defaults(func=cmd_keys, create=False)
 
     from cairn.k8s.sidecar_cli import add_sidecar_parser  # stdlib only, like this module
 
@@ -507,6 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "secret_file", None):
+        # Through the environment, so that what this command starts (cairn run's uploader and
+        # restores, a Checkpointer's writer process) opens the store with it too.
+        os.environ[env.SECRET_FILE.name] = os.path.abspath(args.secret_file)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format=f"cairn {args.command}: %(message)s"
                         if args.command in ("run", "sidecar") else "cairn: %(message)s")

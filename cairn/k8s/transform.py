@@ -27,6 +27,7 @@ import copy
 import enum
 import json
 import math
+import re
 import warnings
 from typing import Any
 
@@ -60,7 +61,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SPOOL_PATH = f"{SHARED_PATH}/spool"
 # What the store client reads from the environment (cairn.store.gcs and google-auth); the
 # uploading sidecar gets the main container's values. Workload Identity needs none of them.
-STORE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST")
+STORE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
+             env.SECRET_FILE.name)
+# Settings whose value is a file the uploading sidecar must be able to read too.
+_FILE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", env.SECRET_FILE.name)
+SECRET_VOLUME_NAME = "cairn-secret"
+SECRET_DIR = "/var/run/cairn-secret"
+SECRET_FILE_NAME = "cairn.secret"
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 SIDECAR_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 # Uploading hashes and sends every dump (cairn.k8s.uploader keeps two 16 MiB packs in flight).
 UPLOADER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
@@ -283,13 +292,15 @@ def _uploader_access(main: dict[str, Any], sidecar: dict[str, Any], store: str) 
     wanted = [dict(e) for e in main.get("env") or [] if e.get("name") in STORE_ENV]
     mounts: list[dict[str, Any]] = []
     for e in wanted:
-        if e["name"] == "GOOGLE_APPLICATION_CREDENTIALS" and isinstance(e.get("value"), str):
+        if e["name"] in _FILE_ENV and isinstance(e.get("value"), str):
             mount = _mount_for(main, e["value"])
             if mount is None:
                 raise ConfigError(
-                    f"GOOGLE_APPLICATION_CREDENTIALS={e['value']} is not on a volume container "
+                    f"{e['name']}={e['value']} is not on a volume container "
                     f"{main.get('name')!r} mounts, so the uploading sidecar cannot read it: "
-                    "mount the key from a Secret volume, or use Workload Identity (no key file)")
+                    + ("mount the key from a Secret volume, or use Workload Identity (no key "
+                       "file)" if e["name"] == "GOOGLE_APPLICATION_CREDENTIALS" else
+                       "mount it from a Secret volume, or pass secret_name= to mount one"))
             mounts.append({**mount, "readOnly": True})
     if "://" not in store or store.startswith("file://"):
         path = store[len("file://"):] if store.startswith("file://") else store
@@ -357,6 +368,8 @@ def with_snapshot_sidecar(
     on_gce: bool = True,
     metrics_port: int = METRICS_PORT,
     image_pull_policy: str | None = None,
+    secret_name: str | None = None,
+    secret_key: str = SECRET_FILE_NAME,
 ) -> Any:
     """A new pod whose ``container`` (default: the only one) runs under cairn.
 
@@ -374,9 +387,19 @@ def with_snapshot_sidecar(
     :func:`node_reader_rbac`. In process mode the sidecar uploads what ``cairn run`` spools
     (ADR 0014) and gets the main container's store settings (``STORE_ENV``, the volume of a key
     file or of a path store; a :class:`StoreAccessWarning` when a path store is on no volume).
+    ``secret_name``: a Kubernetes Secret whose item ``secret_key`` is the encrypted store's
+    secret file (``cairn secret new PATH``; ``kubectl create secret generic NAME
+    --from-file=cairn.secret=PATH``): mounted read-only into the main container (and the
+    uploading sidecar), named by ``CAIRN_SECRET_FILE``; the secret never enters the pod spec
+    (ADR 0025).
     Raises :class:`ConfigError` naming the fix for bad input.
     """
     mode = coerce_option(PodMode, mode, "mode")
+    if secret_name is not None and not (isinstance(secret_name, str) and _DNS_NAME.fullmatch(
+            secret_name) and isinstance(secret_key, str) and _SECRET_KEY.fullmatch(secret_key)):
+        raise ConfigError(f"secret_name={secret_name!r} / secret_key={secret_key!r}: give the "
+                          "name of a Kubernetes Secret (lowercase DNS name) and the item that "
+                          "holds the secret file")
     staging = coerce_option(Staging, staging, "staging")
     store = _check_store(store)
     Key.parse(key)  # raises ConfigError with the key rules
@@ -474,6 +497,15 @@ def with_snapshot_sidecar(
         volume["emptyDir"]["medium"] = "Memory"
     spec.setdefault("volumes", []).append(volume)
     main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
+    if secret_name is not None:
+        if any(v.get("name") == SECRET_VOLUME_NAME for v in spec["volumes"]):
+            raise ConfigError(f"the pod already has a volume named {SECRET_VOLUME_NAME!r}")
+        spec["volumes"].append({"name": SECRET_VOLUME_NAME, "secret": {
+            "secretName": secret_name, "defaultMode": 0o440,
+            "items": [{"key": secret_key, "path": SECRET_FILE_NAME}]}})
+        main["volumeMounts"].append({"name": SECRET_VOLUME_NAME, "mountPath": SECRET_DIR,
+                                     "readOnly": True})
+        _merge_env(main, {env.SECRET_FILE.name: f"{SECRET_DIR}/{SECRET_FILE_NAME}"})
     extra_memory = (staging_n if staging is Staging.MEMORY else 0)
     if mode is PodMode.PROCESS:
         extra_memory += gpu_n

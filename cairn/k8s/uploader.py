@@ -116,7 +116,8 @@ class Uploader:
     def _store(self, url: str) -> Any:
         store = self._stores.get(url)
         if store is None:
-            from cairn.store import StoreSettings, open_store
+            from cairn.runtime.stores import open_store
+            from cairn.store import StoreSettings
 
             store = open_store(url, create=False, settings=StoreSettings(
                 pack_bytes=UPLOAD_PACK_BYTES, max_inflight_packs=UPLOAD_INFLIGHT_PACKS,

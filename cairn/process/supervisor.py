@@ -81,7 +81,8 @@ from cairn.process import torch_shm, workload
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.process.log_echo import LogEcho
 from cairn.process.spool_client import SpoolClient
-from cairn.store import Key, Manifest, SnapshotMode, Store, open_store
+from cairn.runtime.stores import open_store
+from cairn.store import Key, Manifest, SnapshotMode, Store
 from cairn.runtime import channel, env
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
@@ -184,6 +185,21 @@ def _gpu_text(figures: Mapping[str, float]) -> str:
     return (f", GPU stalled {figures['gpu_stall_ms']:.0f} ms (lock to unlock; lock "
             f"{figures.get('gpu_lock_s', 0) * 1000:.0f} ms + checkpoint "
             f"{figures.get('gpu_checkpoint_s', 0) * 1000:.0f} ms)")
+
+
+def unauthenticated_root_restore(store: Store, *, euid: int | None = None,
+                                 environ: Mapping[str, str] | None = None) -> str | None:
+    """Why ``cairn run`` must not use ``store``, or None. As root, a process restore runs
+    whatever the snapshot holds with root's rights; from an unencrypted bucket that is
+    whoever can write the bucket's choice (ADR 0025), unless the operator opted out."""
+    if (euid if euid is not None else os.geteuid()) != 0 or store.encrypted:
+        return None
+    if not store.url.startswith("gs://") or env.ALLOW_UNAUTHENTICATED_RESTORE.get(environ) == "1":
+        return None
+    return (f"refusing to run as root on the unencrypted store {store.url}: a restore would run "
+            "as root whatever anyone who can write the bucket put in a snapshot. Use an "
+            f"encrypted store (set {env.SECRET_FILE} when it is created; see "
+            f"docs/encryption.md), or set {env.ALLOW_UNAUTHENTICATED_RESTORE}=1 to accept that")
 
 
 def _describe_pid(pid: int) -> str:
@@ -293,6 +309,11 @@ class Supervisor:
                 return ExitCode.USAGE
         try:
             self._store = open_store(s.store)
+            refusal = unauthenticated_root_restore(self._store)
+            if refusal is not None:
+                log.error("%s", refusal)
+                self._store.close()
+                return ExitCode.USAGE
             held = suspend_mod.held(self._store, self.key)
             if held is not None:  # before the attempt opens: nothing is fenced or restored
                 log.error("%s", held)

@@ -101,7 +101,7 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
     epoch = getattr(ckpt, "epoch", None) if ckpt is not None else None
     if epoch is None or getattr(ckpt, "outcome_recorded", False):
         return  # never opened, or it recorded its own (a suspension, say)
-    from cairn.store import open_store
+    from cairn.runtime.stores import open_store
 
     restored = ckpt.restored_from
     info: dict[str, Any] = {"mode": "state", **(detail or {})}
@@ -156,7 +156,7 @@ def mark_done(ckpt: Any, url: str, key: Any) -> None:
     if ckpt is not None and getattr(ckpt, "epoch", None) is not None:
         ckpt.finish()
         return
-    from cairn.store import open_store
+    from cairn.runtime.stores import open_store
     from cairn.store.slotlog import RecordKind
 
     with open_store(url) as store:

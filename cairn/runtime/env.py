@@ -92,13 +92,23 @@ NVML_LIBRARY = Var("CAIRN_NVML_LIBRARY", "the NVML library the GPU inventory loa
 GPU_MAP = Var("CAIRN_GPU_MAP", "restore a GPU snapshot onto these GPUs: "
               "`OLD_UUID=NEW_UUID,...` (else same model, in visible-device order; driver >= 580)",
               "the user", "process mode (restore)")
+SECRET_FILE = Var("CAIRN_SECRET_FILE", "the secret file (`cairn secret new PATH`; a mounted "
+                  "Kubernetes Secret) that opens an encrypted store; a new store is created "
+                  "encrypted while it is set", "the user, the Airflow connection's extra",
+                  "every `cairn` command, `cairn run`, the Checkpointer, the sidecar, the "
+                  "integrations")
+ALLOW_UNAUTHENTICATED_RESTORE = Var(
+    "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE", "`1`: let `cairn run` as root restore a process "
+    "snapshot from an unencrypted `gs://` store (refused otherwise: whoever can write the "
+    "bucket would choose what runs as root)", "the operator", "`cairn run` (restore)")
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, CUDA_LIBRARY,
-                        NVML_LIBRARY, GPU_MAP, KFP_DRY_RUN)
+                        NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
+                        KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
 

@@ -83,7 +83,8 @@ from cairn.state.triggers import (
     PreemptionPolicy,
     signal_names,
 )
-from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store, open_store
+from cairn.runtime.stores import open_store
+from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store
 from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
 from cairn.store.slotlog import RecordKind
 
@@ -436,7 +437,7 @@ class Checkpointer:
         self._writer = WriterProcess(
             store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
             last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
-            settings=dataclasses.asdict(self.store.settings))
+            settings=dataclasses.asdict(self.store.settings), secret=self.store.secret)
         capacity = _with_headroom(staged_size) if staged_size is not None \
             else self._expected_capacity()
         self._writer.spawn()  # here, not on the warm-up thread: see WriterProcess.spawn

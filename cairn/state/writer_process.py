@@ -39,6 +39,7 @@ from typing import Any
 
 from cairn.exceptions import CairnError, Fenced
 from cairn.state.codec import STATE_FILE, tensor_path
+from cairn.store import Secret, secret_text
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,17 @@ class _Receiver:
 def serve(sock: socket.socket) -> int:
     """The writer process's loop. Returns its exit code."""
     from cairn.state.staging import map_shared
-    from cairn.store import Key, SnapshotMode, StoreSettings, open_store
+    from cairn.runtime.stores import open_store
+    from cairn.store import Key, SnapshotMode, StoreSettings, secret_from_text
 
     receiver = _Receiver(sock)
     init = receiver.next()
     if init is None or init.get("op") != "init":
         return 2
-    store = open_store(init["store"], settings=StoreSettings(**init.get("settings", {})))
+    secret = init.get("secret")
+    store = open_store(init["store"], settings=StoreSettings(**init.get("settings", {})),
+                       secret=secret_from_text(secret, source="the trainer's secret")
+                       if secret else None)
     key = Key(tuple(init["key"]))
     attempt = store.resume_attempt(key, epoch=init["epoch"], last_seq=init["last_seq"],
                                    parent_seq=init.get("parent_seq"))
@@ -239,9 +244,12 @@ class WriterProcess:
 
     def __init__(self, *, store_url: str, key: tuple[str, ...], epoch: int, last_seq: int,
                  parent_seq: int | None, settings: dict[str, Any] | None = None,
-                 nice: int = WRITER_NICE) -> None:
+                 nice: int = WRITER_NICE, secret: Secret | None = None) -> None:
+        # The secret goes over the private socket (never argv or the environment), so the
+        # writer opens the trainer's store whichever way the trainer got its secret.
         self._init = {"op": "init", "store": store_url, "key": list(key), "epoch": epoch,
-                      "parent_seq": parent_seq, "settings": settings or {}}
+                      "parent_seq": parent_seq, "settings": settings or {},
+                      "secret": secret_text(secret) if secret is not None else None}
         self._nice = nice
         self._state = _State(last_seq=last_seq)
         self._cond = threading.Condition()

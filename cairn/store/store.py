@@ -198,9 +198,7 @@ class Store:
         store_id = str(self.config["store_id"])
         if self.secret is None:
             raise SecretError(f"the store {self.raw_backend.url} is encrypted and no secret is "
-                              "configured: give the secret file it was created with "
-                              "(`--secret-file PATH`, or the environment's secret setting; "
-                              "see docs/encryption.md)")
+                              "configured: give the secret it was created with")
         try:
             self.keyring = load_keyring(self.raw_backend, store_id=store_id, secret=self.secret)
         except NotFound:

@@ -11,8 +11,11 @@ import json
 import re
 from typing import Any
 
+import kubernetes_validate
 import pytest
+from kubernetes_validate.utils import latest_version
 
+from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
 from cairn.k8s.transform import SIDECAR_UID, STORE_ENV
 
@@ -24,6 +27,8 @@ _CREDENTIAL = re.compile(r"PRIVATE KEY|\"private_key\"|[Bb]earer |[?&](token|sig
                          r"|://[^/@\s]+:[^/@\s]+@|[A-Za-z0-9+/=]{80,}")
 _CREDENTIAL_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|PRIVATE|ACCESS_KEY|API_KEY",
                               re.IGNORECASE)
+# Settings whose value is the path of a secret file, which must be on a read-only volume.
+_FILE_SETTINGS = ("GOOGLE_APPLICATION_CREDENTIALS", "CAIRN_SECRET_FILE")
 
 
 def _pod(credentials: str, fs_group: int | None) -> dict[str, Any]:
@@ -52,9 +57,10 @@ def _pod(credentials: str, fs_group: int | None) -> dict[str, Any]:
 def _every_spec() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(label, input pod, output pod) for every combination of the transform's options."""
     out = []
-    for mode, staging, gpu, watch, avoid, credentials, fs_group in itertools.product(
+    for mode, staging, gpu, watch, avoid, credentials, fs_group, sealed in itertools.product(
             ["process", "state"], ["memory", "disk"], [False, True], [False, True],
-            [False, True], ["workload-identity", "key-file", "emulator"], [None, 1234]):
+            [False, True], ["workload-identity", "key-file", "emulator"], [None, 1234],
+            [False, True]):
         pod = _pod(credentials, fs_group)
         if gpu:
             for part in ("requests", "limits"):
@@ -66,7 +72,10 @@ def _every_spec() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             options["state_bytes"] = "6Gi"
         if gpu:
             options["gpu_memory_bytes"] = "40Gi"
-        label = f"{mode}-{staging}-{'gpu' if gpu else 'cpu'}-{watch}-{avoid}-{credentials}-{fs_group}"
+        if sealed:  # an encrypted store: its secret file from a Kubernetes Secret (ADR 0025)
+            options["secret_name"] = "cairn-store-secret"
+        label = (f"{mode}-{staging}-{'gpu' if gpu else 'cpu'}-{watch}-{avoid}-{credentials}-"
+                 f"{fs_group}{'-sealed' if sealed else ''}")
         out.append((label, pod, with_snapshot_sidecar(copy.deepcopy(pod), **options)))
     return out
 
@@ -91,14 +100,15 @@ def _credential_problems(given: dict[str, Any], out: dict[str, Any]) -> tuple[li
                 continue  # the user's own, left as it was
             added += 1
             name, value = entry["name"], entry.get("value")
-            if "secretKeyRef" in json.dumps(entry) or _CREDENTIAL_NAME.search(name):
+            if "secretKeyRef" in json.dumps(entry) or (_CREDENTIAL_NAME.search(name)
+                                                       and name not in _FILE_SETTINGS):
                 problems.append(f"{container['name']}: {name} looks like a secret")
             elif value is None:
                 if set(entry.get("valueFrom") or {"?": 1}) - {"fieldRef", "configMapKeyRef"}:
                     problems.append(f"{container['name']}: {name} comes from {entry}")
             elif _CREDENTIAL.search(value):
                 problems.append(f"{container['name']}: {name} has credential material")
-            elif name == "GOOGLE_APPLICATION_CREDENTIALS":
+            elif name in _FILE_SETTINGS:
                 # A path, on a volume this container mounts read-only: the key is a file.
                 mount = next((m for p, m in mounts.items() if value.startswith(p + "/")), None)
                 if name not in STORE_ENV or mount is None or mount.get("readOnly") is not True:
@@ -133,3 +143,29 @@ def test_the_shared_volume_belongs_to_one_group(label: str, given: dict[str, Any
     wanted = (given["spec"].get("securityContext") or {}).get("fsGroup", SIDECAR_UID)
     assert sc["fsGroup"] == wanted, label  # a pod's own group is kept: both containers get it
     assert sc["fsGroupChangePolicy"] == "OnRootMismatch", label
+
+
+@pytest.mark.parametrize("mode", ["process", "state"])
+def test_an_encrypted_stores_secret_is_a_mounted_file_every_store_user_reads(mode: str) -> None:
+    """``secret_name=``: the Secret is a read-only volume, named by CAIRN_SECRET_FILE in the
+    main container and, in process mode, the uploading sidecar; its bytes are nowhere in the
+    spec."""
+    out = with_snapshot_sidecar(_pod("workload-identity", None), store="gs://bucket/cairn",
+                                key="dag/train/run-1", mode=mode, sidecar_image=IMAGE,
+                                state_bytes="6Gi", secret_name="cairn-store-secret")
+    (volume,) = [v for v in out["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "cairn-store-secret"
+    readers = [c for c in _containers(out)
+               if any(e["name"] == "CAIRN_SECRET_FILE" for e in c.get("env") or [])]
+    assert {c["name"] for c in readers} == ({"train", "cairn-sidecar"} if mode == "process"
+                                            else {"train"})
+    for container in readers:
+        path = next(e["value"] for e in container["env"] if e["name"] == "CAIRN_SECRET_FILE")
+        mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+        assert path.startswith(mount["mountPath"] + "/") and mount["readOnly"] is True
+    for version in ("1.29", latest_version()):
+        kubernetes_validate.validate(out, version, strict=True)
+    with pytest.raises(ConfigError, match="secret_name="):
+        with_snapshot_sidecar(_pod("workload-identity", None), store="gs://bucket/cairn",
+                              key="k", mode=mode, sidecar_image=IMAGE, state_bytes="6Gi",
+                              secret_name="Not A Name")

@@ -1,0 +1,42 @@
+"""Opening a store as the environment configures it: the one place the secret is found.
+
+Every process that opens a store — each `cairn` command, `cairn run` and its uploader, the
+Checkpointer and its writer process, the sidecar, the integrations — opens it here, so a
+secret set once (:data:`~cairn.runtime.env.SECRET_FILE`, which `cairn --secret-file PATH`
+sets for the command and its children) reaches all of them. Wrong or missing secrets are a
+:class:`~cairn.store.SecretError` (exit 2) naming that setting, never a fresh start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from cairn.runtime.env import SECRET_FILE
+from cairn.store import Secret, SecretError, Store, StoreSettings, load_secret_file
+from cairn.store import open_store as _open_store
+
+
+def configured_secret(environ: Mapping[str, str] | None = None) -> Secret | None:
+    """The secret the environment names, None when it names none."""
+    path = SECRET_FILE.get(environ)
+    if not path:
+        return None
+    try:
+        return load_secret_file(os.path.expanduser(path))
+    except SecretError as e:
+        raise SecretError(f"{SECRET_FILE}: {e}") from None
+
+
+def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
+               secret: Secret | None = None, environ: Mapping[str, str] | None = None) -> Store:
+    """:func:`cairn.store.open_store` with ``secret``, else the configured one (see the
+    module docstring)."""
+    secret = secret if secret is not None else configured_secret(environ)
+    try:
+        return _open_store(url, settings=settings, create=create, secret=secret)
+    except SecretError as e:
+        if secret is None:
+            raise SecretError(f"{e}. Set {SECRET_FILE} to the store's secret file (or run "
+                              "`cairn --secret-file PATH ...`)") from None
+        raise SecretError(f"{e} (set by {SECRET_FILE}={SECRET_FILE.get(environ)})") from None
