@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ TAG = re.compile(r"-(cp312-cp312|cp3(?:[2-9]|1[0-2])-abi3|py3-none)-(.+)\.whl$")
 
 def _build(dest: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(SCRIPT), str(dest)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CAIRN_CRIU": CRIU, **env},
+                          timeout=300,
+                          env={**os.environ, "CAIRN_CRIU": CRIU, "PYTHON": sys.executable, **env},
                           cwd=ROOT)
 
 
