@@ -75,7 +75,11 @@ unset _bundle _site _whl
 EOF
 
 bundle=$(du -sb "$DEST" | cut -f1)
-tree=$(cd "$ROOT" && git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then  # what the run tool sends
+    tree=$(cd "$ROOT" && git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+else  # a copy without git: all of it but the usual ignored folders
+    tree=$(du -sb --exclude=.git --exclude=.cache --exclude='.venv*' "$ROOT" | cut -f1)
+fi
 total=$((bundle + tree))
 echo "gpu_bundle: $DEST holds $((bundle / 1024)) KiB ($(ls "$DEST/wheels" | wc -l) wheels," \
      "CRIU with $(ls "$DEST/criu/lib" | wc -l) libraries); with the tracked tree" \
