@@ -426,17 +426,23 @@ def _size_bytes(size: str) -> int:
 
 
 def _bench_model(size: str, device: str) -> tuple[Any, Any]:
-    """The model and optimizer of a bench state: bench/state_bench.py's GPT-2-small for
-    ``gpt2-small``, else fp32 parameters in 256 MiB tensors with Adam, about SIZE tensor
+    """The model and optimizer of a bench state: bench/state_bench.py's GPT-2-small (124.4 M
+    parameters) for ``gpt2-small``, else fp32 parameters in 256 MiB tensors with Adam, about SIZE tensor
     bytes with the moments. One step makes the moments; they get non-zero values."""
     import torch
 
     if size == "gpt2-small":
-        sys.path.insert(0, str(ROOT / "bench"))
-        import state_bench
-
-        model = state_bench.GPT(state_bench.FULL).to(device)
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        # bench/state_bench.py's GPT (FULL), rebuilt here: that module imports torch
+        # distributed-checkpoint names the device's torch may not have. The head is tied to
+        # the token embedding, so it adds no parameters.
+        nn = torch.nn
+        model = nn.ModuleList([
+            nn.Embedding(50257, 768), nn.Embedding(1024, 768),
+            *[nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, activation="gelu",
+                                         batch_first=True, norm_first=True)
+              for _ in range(12)],
+            nn.LayerNorm(768)]).to(device)
+        opt = torch.optim.Adam(list(model.parameters()), lr=1e-4)
     else:
         count = _size_bytes(size) // 12  # parameter, exp_avg, exp_avg_sq: 4 bytes each
         chunk = (256 << 20) // 4
