@@ -88,7 +88,9 @@ def _coalesce(chunks: tuple[ChunkRef, ...], tail: int = 0) -> list[_Range]:
             last = run[-1]
             end = last.offset + last.size + tail
             contiguous = chunk.pack == last.pack and chunk.offset == end
-            if contiguous and (end - run[0].offset + chunk.size + tail) <= MAX_READ_BYTES:
+            # The limit is on the chunks' bytes: tags make a range a little longer.
+            payload = end - run[0].offset - len(run) * tail + chunk.size
+            if contiguous and payload <= MAX_READ_BYTES:
                 run.append(chunk)
                 continue
             ranges.append(_make_range(run, tail))
