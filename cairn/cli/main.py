@@ -352,6 +352,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from cairn.process.doctor import run_doctor  # only doctor needs it
 
     report = run_doctor(preflight=args.preflight)
+    store_url = args.doctor_store or env.STORE.get()
+    if store_url:
+        from cairn.cli.store_check import store_check
+        from cairn.process.doctor import DoctorReport
+
+        report = DoctorReport((*report.checks, store_check(store_url)), report.preflight)
     print(report.to_json() if args.json else report.format_text())
     return ExitCode.OK if report.ok else ExitCode.NOT_READY
 
@@ -476,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preflight", action="store_true",
                    help="treat what process mode cannot do without as failure (exit 7)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--store", dest="doctor_store", metavar="URL", default=None,
+                   help=f"also check this store: is it encrypted (default: ${env.STORE})")
     p.set_defaults(func=cmd_doctor, store=None, verbose=False)
 
     help_text = ("Run a command under a supervisor that snapshots the whole process with CRIU "
