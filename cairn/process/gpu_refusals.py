@@ -12,7 +12,8 @@ these is refused before the GPU is locked, with one line naming the fix:
 * NCCL's shared-memory segments (``/dev/shm/nccl-*``), open or mapped;
 * the CUDA driver's IPC / MPS shared memory (``/dev/shm/cuda.shm.*``), open or mapped;
 * an MPS client: an MPS control daemon's pipe (``$CUDA_MPS_PIPE_DIRECTORY/control``, default
-  ``/tmp/nvidia-mps``) reachable from a CUDA process, which makes CUDA connect to it;
+  ``/tmp/nvidia-mps``) reachable from a CUDA process, which makes CUDA connect to it, or NVML
+  listing the workload among a GPU's MPS clients;
 * MIG: a GPU in use with MIG mode on (NVML), or a ``MIG-`` device in ``CUDA_VISIBLE_DEVICES``.
 
 UVM (managed) memory leaves no trace in ``/proc`` (every CUDA process maps
@@ -109,6 +110,24 @@ def mps_pipe(pid: int) -> str | None:
     return control if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode) else None
 
 
+def _nvml_mps_clients(tree: list[int], inventory: Inventory | None,
+                      use: GpuUse | None) -> str:
+    """NVML's MPS clients on the GPUs in use, as a phrase ('' for none): the workload's own
+    PIDs where they match; where they cannot (``use`` not matched: a container sees host
+    PIDs), any client on its GPUs, since a GPU shared through MPS serves them all so."""
+    if inventory is None:
+        return ""
+    mine = set(tree)
+    for uuid, pids in sorted(inventory.mps_clients.items()):
+        if use is not None and use.per_gpu and uuid not in use.per_gpu:
+            continue
+        if pids & mine:
+            return f"NVML lists pids {_pids(pids & mine)} as MPS clients of GPU {uuid}"
+        if use is not None and not use.matched:
+            return f"NVML lists {len(pids)} MPS client(s) of GPU {uuid}, which it uses"
+    return ""
+
+
 def problems(tree: list[int], files: list[OpenFile], *, cuda_pids: list[int],
              inventory: Inventory | None = None, use: GpuUse | None = None) -> list[Problem]:
     """What in the workload ``tree`` (its descriptors ``files``; ``cuda_pids``: those holding a
@@ -128,11 +147,13 @@ def problems(tree: list[int], files: list[OpenFile], *, cuda_pids: list[int],
             out.append(Problem(what=f"the workload {what}: {_listed(paths)} (pids {_pids(pids)})",
                                fix=STATE_MODE_FIX))
     clients = {pid: pipe for pid in cuda_pids if (pipe := mps_pipe(pid)) is not None}
-    if clients:
+    listed = _nvml_mps_clients(tree, inventory, use)
+    if clients or listed:
+        where = (f"{_listed(sorted(set(clients.values())))}, pids {_pids(clients)}" if clients
+                 else listed)
         out.append(Problem(
-            what=f"the workload is an MPS client ({_listed(sorted(set(clients.values())))}, "
-                 f"pids {_pids(clients)}): the driver cannot checkpoint MPS clients",
-            fix="run it on whole GPUs without the MPS daemon, or " + STATE_MODE_FIX))
+            what=f"the workload is an MPS client ({where}): the driver cannot checkpoint MPS "
+                 "clients", fix="run it on whole GPUs without the MPS daemon, or " + STATE_MODE_FIX))
     mig = sorted({d.uuid for d in (inventory.devices if inventory else ())
                   if d.mig and (use is None or d.uuid in use.per_gpu)})
     mig_env = sorted(pid for pid in cuda_pids

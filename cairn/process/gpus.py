@@ -4,6 +4,9 @@
 ``source`` saying what was tried. NVML is loaded from ``CAIRN_NVML_LIBRARY`` (default
 ``libnvidia-ml.so.1``; the tests' fake driver serves it too).
 
+NVML's MPS client list (``nvmlDeviceGetMPSComputeRunningProcesses``) is kept per GPU, for
+the refusal of MPS clients before a dump (:mod:`cairn.process.gpu_refusals`).
+
 Per-process GPU memory is matched to the workload's PIDs only where NVML reports PIDs of this
 PID namespace. Inside a container it reports host PIDs, which match nothing: then the memory
 used on the workload's GPUs, device-wide, stands in (Kubernetes allots whole GPUs, so that is
@@ -65,6 +68,7 @@ class Inventory:
     driver: str | None = None  # "580.65.06"
     cuda_driver: int | None = None  # cuDriverGetVersion's form: 13000 is CUDA 13.0
     processes: Mapping[str, Mapping[int, int]] = field(default_factory=dict)  # uuid -> pid -> B
+    mps_clients: Mapping[str, frozenset[int]] = field(default_factory=dict)  # uuid -> pids
     note: str = ""  # why NVML was not used, or what failed
 
     @property
@@ -136,7 +140,7 @@ def nvml_inventory(library: str) -> Inventory:
             cuda_driver: int | None = int(pynvml.nvmlSystemGetCudaDriverVersion())
         except pynvml.NVMLError:
             cuda_driver = None
-        devices, processes = [], {}
+        devices, processes, mps = [], {}, {}
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
@@ -155,11 +159,17 @@ def nvml_inventory(library: str) -> Inventory:
             except pynvml.NVMLError:
                 running = []
             processes[uuid] = {int(p.pid): int(p.usedGpuMemory or 0) for p in running}
+            try:
+                clients = pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+            except pynvml.NVMLError:  # NOT_SUPPORTED, or a library without the call
+                clients = []
+            if clients:
+                mps[uuid] = frozenset(int(p.pid) for p in clients)
             devices.append(GpuDevice(index, uuid, _text(pynvml.nvmlDeviceGetName(handle)),
                                      int(memory.total), int(memory.used), cc, mig))
     finally:
         pynvml.nvmlShutdown()
-    return Inventory(Source.NVML, tuple(devices), driver, cuda_driver, processes)
+    return Inventory(Source.NVML, tuple(devices), driver, cuda_driver, processes, mps)
 
 
 SMI_QUERY = ["--query-gpu=index,uuid,name,memory.total,memory.used,driver_version,"

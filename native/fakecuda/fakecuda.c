@@ -31,6 +31,9 @@
  *   FAKECUDA_CONTROL    a file whose lines "fail=call=code,..." and "hang=call,..." add to
  *                       the two above, read at each call (to change them mid-run)
  *   FAKECUDA_RECORD     a file to which each call appends one JSON line of its arguments
+ *   FAKECUDA_MPS_CLIENT "1" when fakecudaRegister runs: the process is an MPS client, which
+ *                       NVML lists under nvmlDeviceGetMPSComputeRunningProcesses_v3 instead
+ *                       of nvmlDeviceGetComputeRunningProcesses_v3 (as the real NVML does)
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -553,8 +556,32 @@ int fakecudaRegister(const char *spec) {
     int fd = lock_dir();
     if (fd < 0) return -1;
     int rc = save_proc((int)getpid(), &p);
+    char marker[4200];
+    if (!rc && state_path((int)getpid(), marker, sizeof marker - 8) == 0) {
+        strcat(marker, ".mps");
+        if (strcmp(env("FAKECUDA_MPS_CLIENT", "0"), "1") == 0) {
+            FILE *f = fopen(marker, "we");
+            if (!f) rc = -1;
+            else { fprintf(f, "%llu\n", p.start); fclose(f); }
+        } else {
+            unlink(marker);  /* a former process with this PID */
+        }
+    }
     unlock_dir(fd);
     return rc ? -1 : 0;
+}
+
+/* Whether `pid` (with state `p`) registered as an MPS client: its marker names its start. */
+static int mps_client(int pid, const struct proc *p) {
+    char path[4200];
+    if (state_path(pid, path, sizeof path - 8)) return 0;
+    strcat(path, ".mps");
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    unsigned long long start = 0;
+    int ok = fscanf(f, "%llu", &start) == 1 && start == p->start;
+    fclose(f);
+    return ok;
 }
 
 /* -- NVML: the calls cairn.process.gpus makes through pynvml ------------------------------ */
@@ -660,8 +687,9 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigne
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
-                                                     nvmlProcessInfo_t *infos) {
+/* The registered processes with memory on `d` that are (mps) or are not MPS clients. */
+static nvmlReturn_t running_processes(nvmlDevice_t d, unsigned int *count,
+                                      nvmlProcessInfo_t *infos, int mps) {
     if (nvml_count < 0) return NVML_ERROR_UNINITIALIZED;
     if (!d || !count) return NVML_ERROR_INVALID_ARGUMENT;
     const char *dir = getenv("FAKECUDA_STATE_DIR");
@@ -674,6 +702,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned in
             struct proc p;
             int pid = atoi(e->d_name);
             if (load_proc(pid, &p) || p.state == CU_PROCESS_STATE_CHECKPOINTED) continue;
+            if (mps_client(pid, &p) != mps) continue;
             for (int i = 0; i < p.ngpus; i++) {
                 if (strcasecmp(p.uuid[i], d->uuid) != 0) continue;
                 if (infos && n < cap) {
@@ -689,4 +718,14 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned in
     *count = n;
     if (n > cap || (n && !infos)) return NVML_ERROR_INSUFFICIENT_SIZE;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    return running_processes(d, count, infos, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                        nvmlProcessInfo_t *infos) {
+    return running_processes(d, count, infos, 1);
 }

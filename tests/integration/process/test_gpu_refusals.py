@@ -144,6 +144,15 @@ def test_an_mps_client_is_refused(place: dict) -> None:
         daemon.close()
 
 
+def test_a_process_nvml_lists_as_an_mps_client_is_refused(place: dict) -> None:
+    # No pipe in sight of the workload (another mount namespace, say): NVML still lists it
+    # among the GPU's MPS clients.
+    refusal = _refused(place, _run(place, "plain", FAKECUDA_MPS_CLIENT="1"))
+    assert re.match(rf"the workload is an MPS client \(NVML lists pids \d+ as MPS clients of "
+                    rf"GPU {UUID_A}\): the driver cannot checkpoint MPS clients", refusal), refusal
+    _never_locked(place)
+
+
 def test_mig_is_refused(place: dict) -> None:
     # MIG mode on (NVML): cairn's preflight refuses before the workload starts.
     early = _run(place, "plain", Gpu(UUID_A, mig=1))

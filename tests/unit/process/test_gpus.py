@@ -108,3 +108,11 @@ def test_only_the_gpus_a_snapshot_holds_memory_on_are_mapped(fake_driver, monkey
     assert compat.differences(record, here) == [
         "GPU models differs (snapshot: ['NVIDIA H100 80GB HBM3', 'NVIDIA H100 80GB HBM3'], "
         "here: ['NVIDIA H100 80GB HBM3'])", "GPU count differs (snapshot: 2, here: 1)"]
+
+
+def test_mps_clients_are_listed_apart(fake_driver, workloads) -> None:
+    plain = workloads({UUID_A: GIB})
+    client = workloads({UUID_A: 2 * GIB}, FAKECUDA_MPS_CLIENT="1")
+    inv = gpus.inventory()
+    assert inv.mps_clients == {UUID_A: frozenset({client.pid})}
+    assert plain.pid in inv.processes[UUID_A] and client.pid not in inv.processes[UUID_A]
