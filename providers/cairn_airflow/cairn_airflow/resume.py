@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this modul
 log = logging.getLogger(__name__)
 
 DEFAULT_RESCHEDULE_DELAY = timedelta(seconds=30)
-# The rescheduled run has the same try number as the one that just ended. If it is already
+# The rescheduled run (and a suspended task's continuation after its deferral,
+# cairn_airflow.suspend) has the same try number as the one that just ended. If it is already
 # scheduled or queued when the scheduler reads the executor's "finished" event of the first
 # run, Airflow 3.3 takes it for a task killed externally and fails it into a retry, which then
 # fences the rescheduled run (seen here with a 2 s delay). The event is read within a scheduler

@@ -10,7 +10,11 @@ the trigger fires (a resume request, or ``resume_after``), Airflow runs
 :meth:`SuspendDeferral.resume_suspended` on a worker, which runs the step again through the
 operator's own ``execute``: it resumes from the suspend snapshot.
 
-The deferral's timeout is what is left of the task's ``execution_timeout`` (none without
+The trigger fires no sooner than :data:`~cairn_airflow.resume.MIN_RESCHEDULE_DELAY` (15 s)
+after the deferral, whenever the resume is asked for: Airflow 3.3 takes a continuation queued
+under the same try number before the scheduler has read the deferred run's "finished" event
+for a task killed externally, and fails it into a retry (seen here when the resume came at
+once). The deferral's timeout is what is left of the task's ``execution_timeout`` (none without
 one), since Airflow counts time spent deferred against it; when it fires, the task fails
 without a retry with a message that says how to go on (the suspension and its snapshot are
 kept). The trigger looks at the store every ``resume_poll`` (default ``$CAIRN_SUSPEND_POLL``,
@@ -20,10 +24,12 @@ kept). The trigger looks at the store every ``resume_poll`` (default ``$CAIRN_SU
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cairn.exceptions import ConfigError
+from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +101,17 @@ class SuspendDeferral:
         timeout = deferral_timeout(self, context)
         after = None if self.resume_after is None else ask.at + self.resume_after
         poll = self.resume_poll if self.resume_poll is not None else poll_seconds()
+        # Not sooner: the scheduler must read this run's "finished" event before the
+        # continuation is queued under the same try number (see MIN_RESCHEDULE_DELAY).
+        not_before = time.time() + MIN_RESCHEDULE_DELAY.total_seconds()
         log.warning("cairn: %s suspended on request by %s%s; deferring until it is "
                     "resumed%s%s, with no retry used", key, ask.by, why,
                     "" if after is None else f" or {self.resume_after:g}s after the request",
                     "" if timeout is None else f", for at most {timeout} (execution_timeout)")
         self.defer(  # type: ignore[attr-defined]
             trigger=CairnResumeTrigger(store_url=store_url, key=str(key), epoch=ask.epoch,
-                                       resume_after=after, poll_seconds=poll),
+                                       resume_after=after, poll_seconds=poll,
+                                       not_before=not_before),
             method_name=RESUME_METHOD, timeout=timeout)
 
     def resume_suspended(self, context: Any, event: dict[str, Any] | None = None) -> Any:

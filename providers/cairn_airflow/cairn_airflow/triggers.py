@@ -16,6 +16,11 @@ It fires once, with one of these events (``event["status"]``):
 - ``resume_after``: the optional ``resume_after`` time (seconds since the Unix epoch) came
   first; the continuation asks for the resume itself, on the worker.
 
+It never fires before ``not_before`` (seconds since the Unix epoch), which the operator sets
+a little after the deferral: Airflow 3.3 fails a task into a retry when the continuation is
+already queued under the same try number while the scheduler reads the deferred run's
+"finished" event (see :data:`cairn_airflow.resume.MIN_RESCHEDULE_DELAY`).
+
 A store that cannot be read is logged (once per outage) and polled again: an outage never
 fires the trigger. For ``gs://`` stores the triggerer uses its own default credentials.
 """
@@ -65,10 +70,12 @@ class CairnResumeTrigger(BaseTrigger):
     :param resume_after: seconds since the Unix epoch after which the task resumes even
         without a resume request (None: only on request).
     :param poll_seconds: time between two looks at the store (> 0).
+    :param not_before: seconds since the Unix epoch before which it does not fire.
     """
 
     def __init__(self, *, store_url: str, key: str, epoch: int,
-                 resume_after: float | None = None, poll_seconds: float = 5.0) -> None:
+                 resume_after: float | None = None, poll_seconds: float = 5.0,
+                 not_before: float | None = None) -> None:
         super().__init__()
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
             raise ConfigError(f"epoch must be a try's epoch (an integer >= 1), got {epoch!r}")
@@ -79,13 +86,21 @@ class CairnResumeTrigger(BaseTrigger):
         self.epoch = epoch
         self.resume_after = None if resume_after is None else float(resume_after)
         self.poll_seconds = float(poll_seconds)
+        self.not_before = None if not_before is None else float(not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"store_url": self.store_url, "key": self.key, "epoch": self.epoch,
                            "resume_after": self.resume_after,
-                           "poll_seconds": self.poll_seconds}
+                           "poll_seconds": self.poll_seconds, "not_before": self.not_before}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in self._wait():
+            if self.not_before is not None and (early := self.not_before - time.time()) > 0:
+                await asyncio.sleep(early)
+            yield event
+            return
+
+    async def _wait(self) -> AsyncIterator[TriggerEvent]:
         failing = False
         while True:
             try:

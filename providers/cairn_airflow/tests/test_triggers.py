@@ -36,13 +36,13 @@ async def first_event(trigger: CairnResumeTrigger) -> Any:
 
 def test_it_serializes_to_its_classpath_and_kwargs(tmp_path: Path) -> None:
     trigger = CairnResumeTrigger(store_url=str(tmp_path), key=str(KEY), epoch=3,
-                                 resume_after=1.5e9, poll_seconds=0.5)
+                                 resume_after=1.5e9, poll_seconds=0.5, not_before=1.4e9)
     classpath, kwargs = trigger.serialize()
     module, name = classpath.rsplit(".", 1)
     again = getattr(importlib.import_module(module), name)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
     assert kwargs == {"store_url": str(tmp_path), "key": str(KEY), "epoch": 3,
-                      "resume_after": 1.5e9, "poll_seconds": 0.5}
+                      "resume_after": 1.5e9, "poll_seconds": 0.5, "not_before": 1.4e9}
 
 
 @pytest.mark.parametrize("bad", [{"epoch": 0}, {"epoch": True}, {"poll_seconds": 0}])
@@ -90,6 +90,17 @@ def test_resume_after_fires_without_a_request(tmp_path: Path) -> None:
     assert payload["status"] == "resume_after" and payload["epoch"] == epoch
     with open_store(url) as store:  # the trigger wrote nothing: the continuation asks
         assert store.suspension(KEY).held
+
+
+def test_it_does_not_fire_before_not_before(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    epoch = suspended_try(url)
+    _resume(url)  # resumed already: only not_before holds the event back
+    not_before = time.time() + 0.5
+    trigger = CairnResumeTrigger(store_url=url, key=str(KEY), epoch=epoch, poll_seconds=0.05,
+                                 not_before=not_before)
+    payload = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=30))
+    assert time.time() >= not_before and payload["status"] == "resumed"
 
 
 def test_a_discarded_key_releases_the_wait(tmp_path: Path) -> None:
