@@ -397,7 +397,8 @@ def check_cgroup(mounts_text: str | None) -> Check:
 def check_nvidia(inv: gpus_mod.Inventory, driver_text: str | None, *, preflight: bool,
                  mps: bool = False) -> tuple[Check, tuple[Gpu, ...]]:
     """The driver and GPUs from the inventory (NVML, else nvidia-smi); ``driver_text``:
-    ``/proc/driver/nvidia/version``, if readable; ``mps``: an MPS control pipe is set up.
+    ``/proc/driver/nvidia/version``, if readable; ``mps``: an MPS control pipe is set up
+    (NVML's MPS clients, in the inventory, count too).
 
     Process snapshots of a GPU workload need driver >= 570, a restore onto another GPU
     >= 580; MIG and MPS are refused (the driver cannot checkpoint their clients)."""
@@ -423,6 +424,8 @@ def check_nvidia(inv: gpus_mod.Inventory, driver_text: str | None, *, preflight:
     refused = [f"MIG is enabled on GPU {d.index}" for d in inv.devices if d.mig]
     if mps:
         refused.append("MPS is in use (a control pipe is set up)")
+    refused += [f"MPS is in use on GPU {d.index} ({len(inv.mps_clients[d.uuid])} client(s), "
+                "NVML)" for d in inv.devices if inv.mps_clients.get(d.uuid)]
     if refused:
         return (Check("nvidia", _lacking(preflight), f"{detail}; {'; '.join(refused)}: the "
                       "driver cannot checkpoint MIG or MPS clients",

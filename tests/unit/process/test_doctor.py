@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -277,6 +278,10 @@ def test_mig_and_mps_are_refused() -> None:
     assert "state mode" in refused.fix
     warned, _ = check_nvidia(_inventory(H200), None, preflight=False, mps=True)
     assert warned.status is Status.WARN and "MPS is in use" in warned.detail
+    listed = dataclasses.replace(_inventory(H200), mps_clients={H200.uuid: frozenset({7, 9})})
+    by_nvml, _ = check_nvidia(listed, None, preflight=True)
+    assert by_nvml.status is Status.FAIL
+    assert "MPS is in use on GPU 0 (2 client(s), NVML)" in by_nvml.detail
 
 
 def test_mps_is_seen_by_its_control_pipe(tmp_path) -> None:
