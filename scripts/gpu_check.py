@@ -108,7 +108,14 @@ with open(sys.argv[3], "wb") as out:
 
 def phase_probe(device: str) -> dict[str, Any]:
     out: dict[str, Any] = {"python": platform.python_version(), "root": os.geteuid() == 0,
-                           "kernel": platform.release()}
+                           "kernel": platform.release(), "glibc": platform.libc_ver()[1],
+                           "host_available_bytes": _host_free(),
+                           "criu_env": os.environ.get("CAIRN_CRIU")}
+    try:
+        st = os.statvfs("/dev/shm")
+        out["dev_shm_free_bytes"] = st.f_bavail * st.f_frsize  # the benches' scratch
+    except OSError:
+        out["dev_shm_free_bytes"] = None
     try:
         version = Path("/proc/version").read_text()
     except OSError:
