@@ -313,7 +313,15 @@ def _duration(text: str) -> float:
 def cmd_secret_new(args: argparse.Namespace) -> int:
     from cairn.store import write_secret_file
 
-    secret = write_secret_file(args.path)
+    if args.kms_endpoint and not args.kms:
+        raise ConfigError("--kms-endpoint needs --kms KEY_NAME")
+    secret = write_secret_file(args.path, kms_key=args.kms, kms_endpoint=args.kms_endpoint)
+    if args.kms:
+        print(f"wrote secret {secret.id} to {args.path}: it names the Cloud KMS key {args.kms}, "
+              "which wraps the store's keys (the file holds no key; whoever may use the key "
+              f"opens the store). Use it with `cairn --secret-file {args.path} ...` or "
+              f"{env.SECRET_FILE}={args.path}.")
+        return ExitCode.OK
     print(f"wrote secret {secret.id} to {args.path} (mode 0600). Keep a copy: every snapshot "
           f"sealed with it is lost with it. Use it with `cairn --secret-file {args.path} ...` "
           f"or {env.SECRET_FILE}={args.path}; mount it as a Kubernetes Secret, never put it in "
@@ -556,6 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
     secret_sub = p.add_subparsers(dest="secret_command", required=True, metavar="ACTION")
     p = secret_sub.add_parser("new", help="write a new secret to PATH (never overwrites)")
     p.add_argument("path", metavar="PATH")
+    p.add_argument("--kms", metavar="KEY_NAME", default=None,
+                   help="a Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) wraps "
+                        "the store's keys instead of a key in the file")
+    p.add_argument("--kms-endpoint", metavar="URL", default=None,
+                   help="another Cloud KMS endpoint (regional, Private Service Connect)")
     p.set_defaults(func=cmd_secret_new, store=None, verbose=False)
 
     p = command("keys", "show an encrypted store's key ids (never key bytes); rotate them")

@@ -8,7 +8,9 @@ store has: the naming key (chunk names; never rotates, so dedup survives rotatio
 data key with its id, the newest being the one new objects are sealed with. Rotation appends
 a record with one more data key (optionally sealed by a new secret); old snapshots stay
 readable while their key is in the keyring. A bucket writer cannot forge a record without
-the secret; deleting the newest records only takes writers back to an older data key.
+the secret; deleting the newest records only takes writers back to an older data key. A
+secret file may instead name a Google Cloud KMS key (:mod:`cairn.store.kms`): the records are
+then wrapped by KMS (envelope encryption) and the file holds no key at all.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import logging
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from cairn.exceptions import AlreadyExists, ConfigError, NotFound
+from cairn.exceptions import AlreadyExists, CairnError, ConfigError, NotFound
 from cairn.store.backend import Backend
 from cairn.store.sealing import (
     KEY_BYTES,
@@ -63,6 +65,18 @@ def _unb64(text: object, what: str) -> bytes:
         raise ValueError(f"{what} is not base64") from None
 
 
+class KeyEncryptionKey(Protocol):
+    """What seals keyring records: a secret file's key (:class:`Secret`) or a Cloud KMS key
+    (:class:`cairn.store.kms.KmsSecret`)."""
+
+    id: str
+    source: str
+
+    def wrap(self, data: bytes, ad: bytes) -> bytes: ...
+
+    def unwrap(self, blob: bytes, ad: bytes) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class Secret:
     """A key-encryption key: ``id`` names it in keyring records (never the bytes);
@@ -86,17 +100,26 @@ def new_secret(*, source: str = "memory") -> Secret:
     return Secret("s" + os.urandom(4).hex(), new_key(), source)
 
 
-def secret_text(secret: Secret) -> str:
+def secret_text(secret: KeyEncryptionKey) -> str:
     """The secret as the text a secret file (or an Airflow connection's extra) holds."""
+    if not isinstance(secret, Secret):  # a Cloud KMS key (cairn.store.kms.KmsSecret)
+        doc = {"schema": SECRET_SCHEMA, "id": secret.id, "kms": secret.key_name}
+        if secret.endpoint:
+            doc["endpoint"] = secret.endpoint
+        return json.dumps(doc) + "\n"
+    assert isinstance(secret, Secret)
     return json.dumps({"schema": SECRET_SCHEMA, "id": secret.id, "key": _b64(secret.key)}) + "\n"
 
 
-def secret_from_text(text: str, *, source: str) -> Secret:
-    """Parse what :func:`secret_text` wrote; :class:`SecretError` naming ``source``."""
+def secret_from_text(text: str, *, source: str) -> Any:
+    """Parse what :func:`secret_text` wrote (a :class:`Secret` or a KMS secret);
+    :class:`SecretError` naming ``source``."""
     try:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("schema") != SECRET_SCHEMA:
             raise ValueError(f"not a {SECRET_SCHEMA} document")
+        if "kms" in doc:
+            return _kms_secret(doc, source)
         key = _unb64(doc.get("key"), "key")
         ident = doc.get("id")
         if len(key) != KEY_BYTES or not (isinstance(ident, str) and len(ident) == 9
@@ -108,9 +131,33 @@ def secret_from_text(text: str, *, source: str) -> Secret:
     return Secret(ident, key, source)
 
 
-def write_secret_file(path: str) -> Secret:
-    """Create a new secret file at ``path`` (mode 0600, never overwriting one)."""
-    secret = new_secret(source=f"secret file {path}")
+def _kms_secret(doc: dict[str, Any], source: str) -> Any:
+    from cairn.store.kms import KmsSecret, check_key_name, kms_secret_id
+
+    try:
+        name = check_key_name(doc["kms"])
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    endpoint = doc.get("endpoint")
+    if endpoint is not None and not (isinstance(endpoint, str) and endpoint):
+        raise ValueError("endpoint is not text")
+    if doc.get("id") != kms_secret_id(name):
+        raise ValueError("its id does not match its KMS key")
+    return KmsSecret(kms_secret_id(name), name, endpoint, f"{source} (Cloud KMS key {name})")
+
+
+def write_secret_file(path: str, *, kms_key: str | None = None,
+                      kms_endpoint: str | None = None) -> Any:
+    """Create a new secret file at ``path`` (mode 0600, never overwriting one): a new random
+    key, or with ``kms_key`` the name of a Cloud KMS key that wraps the keyring."""
+    if kms_key is not None:
+        from cairn.store.kms import KmsSecret, check_key_name, kms_secret_id
+
+        name = check_key_name(kms_key)
+        secret: Any = KmsSecret(kms_secret_id(name), name, kms_endpoint,
+                                f"secret file {path} (Cloud KMS key {name})")
+    else:
+        secret = new_secret(source=f"secret file {path}")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -125,7 +172,7 @@ def write_secret_file(path: str) -> Secret:
     return secret
 
 
-def load_secret_file(path: str) -> Secret:
+def load_secret_file(path: str) -> Any:
     """The secret in file ``path``; :class:`SecretError` naming the file otherwise."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -163,7 +210,7 @@ def _ad(store_id: str, name: str) -> bytes:
     return b"cairn keyring " + store_id.encode("ascii") + b"\x00" + name.encode("ascii")
 
 
-def _encode(keyring: Keyring, secret: Secret) -> bytes:
+def _encode(keyring: Keyring, secret: KeyEncryptionKey) -> bytes:
     inner = {
         "schema": KEYRING_SCHEMA, "store_id": keyring.store_id, "seq": keyring.seq,
         "naming_key": _b64(keyring.naming_key), "active": keyring.active,
@@ -176,7 +223,7 @@ def _encode(keyring: Keyring, secret: Secret) -> bytes:
                        "sealed": _b64(sealed)}).encode("utf-8")
 
 
-def _decode(data: bytes, *, seq: int, store_id: str, secret: Secret) -> Keyring | None:
+def _decode(data: bytes, *, seq: int, store_id: str, secret: KeyEncryptionKey) -> Keyring | None:
     """The keyring in record ``seq``; None when another secret sealed it. Raises ValueError
     for a record that is malformed or fails authentication."""
     outer = json.loads(data)
@@ -217,17 +264,23 @@ def _seqs(backend: Backend) -> list[int]:
     return sorted(out)
 
 
-def load_keyring(backend: Backend, *, store_id: str, secret: Secret) -> Keyring:
+def load_keyring(backend: Backend, *, store_id: str, secret: KeyEncryptionKey) -> Keyring:
     """The newest keyring record ``secret`` opens. :class:`SecretError` when it opens none
     (the wrong secret): never a fallback to no keys."""
     sealed_by: set[str] = set()
-    for seq in reversed(_seqs(backend)):
+    seqs = _seqs(backend)
+    if not seqs:
+        raise SecretError(f"the encrypted store {backend.url} has no keyring: it was not made "
+                          "by cairn, or its keyring was deleted (its snapshots cannot be read)")
+    for seq in reversed(seqs):
         try:
             data = backend.read(record_name(seq))
             keyring = _decode(data, seq=seq, store_id=store_id, secret=secret)
         except NotFound:
             continue
         except (ValueError, KeyError, TypeError) as e:
+            if isinstance(e, CairnError):  # KMS refused, or could not be reached: say so
+                raise
             log.warning("store %s: skipping keyring record %d: %s", backend.url, seq, e)
             continue
         if keyring is None:
@@ -243,7 +296,7 @@ def load_keyring(backend: Backend, *, store_id: str, secret: Secret) -> Keyring:
                       "the store was created with")
 
 
-def create_keyring(backend: Backend, *, store_id: str, secret: Secret, now: str) -> Keyring:
+def create_keyring(backend: Backend, *, store_id: str, secret: KeyEncryptionKey, now: str) -> Keyring:
     """Record 1 of a new encrypted store, create-only: AlreadyExists when another process is
     creating the store at the same time (its keyring and config win)."""
     kid = new_key_id()
@@ -253,7 +306,7 @@ def create_keyring(backend: Backend, *, store_id: str, secret: Secret, now: str)
     return keyring
 
 
-def rotate_keyring(backend: Backend, keyring: Keyring, *, secret: Secret, now: str,
+def rotate_keyring(backend: Backend, keyring: Keyring, *, secret: KeyEncryptionKey, now: str,
                    new_data_key: bool = True) -> Keyring:
     """Append a keyring record sealed by ``secret`` (the same or a new one): with
     ``new_data_key``, a new data key becomes active; old keys stay for reading."""

@@ -199,12 +199,8 @@ class Store:
         if self.secret is None:
             raise SecretError(f"the store {self.raw_backend.url} is encrypted and no secret is "
                               "configured: give the secret it was created with")
-        try:
+        if self.keyring is None or self.keyring.store_id != store_id:  # not the one just made
             self.keyring = load_keyring(self.raw_backend, store_id=store_id, secret=self.secret)
-        except NotFound:
-            self.keyring = None
-        if self.keyring is None:
-            raise SecretError(f"the encrypted store {self.raw_backend.url} has no keyring")
         self._use_keyring(self.keyring)
 
     def _use_keyring(self, keyring: Keyring) -> None:
@@ -267,8 +263,8 @@ class Store:
             config["format"] = SEALED_STORE_FORMAT
             config["store_id"] = uuid.uuid4().hex
             try:
-                create_keyring(self.backend, store_id=config["store_id"], secret=self.secret,
-                               now=config["created_at"])
+                self.keyring = create_keyring(self.backend, store_id=config["store_id"],
+                                              secret=self.secret, now=config["created_at"])
             except AlreadyExists:  # another process is creating this store: use its config
                 return self._await_config()
         try:
