@@ -2,8 +2,11 @@
 
 A connection (``cairn_default`` unless a task names another) gives the store URL in its
 ``host`` or in the extra ``store_url`` (a directory, ``file://`` or ``gs://BUCKET/PREFIX``),
-and optionally ``gcs_keyfile_path``, a service-account key file on the worker. Only those
-extras are read; any other extra is ignored with a warning (secrets put there are never used).
+and optionally ``gcs_keyfile_path``, a service-account key file on the worker. An encrypted
+store (docs/encryption.md) takes its secret from the extra ``secret`` (the text of a secret
+file: ``cairn secret new PATH``; Airflow keeps extras encrypted and masks a field of that name
+in logs) or ``secret_file_path`` (a secret file on the worker). Only those extras are read; any
+other extra is ignored with a warning.
 
 With no ``cairn_default`` connection at all, the store is a local directory,
 ``$AIRFLOW_HOME/cairn-store`` (``~/airflow/cairn-store`` when ``AIRFLOW_HOME`` is unset): right
@@ -23,9 +26,10 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from cairn.exceptions import ConfigError
+from cairn.runtime.env import SECRET_FILE
 
 DEFAULT_CONN_ID = "cairn_default"
-ALLOWED_EXTRAS = frozenset({"store_url", "gcs_keyfile_path"})
+ALLOWED_EXTRAS = frozenset({"store_url", "gcs_keyfile_path", "secret", "secret_file_path"})
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,45 @@ def store_config_from_connection(conn: Any) -> StoreConfig:
             raise ConfigError(f"connection {conn.conn_id!r}: gcs_keyfile_path is set but the "
                               f"store {url!r} is not on GCS")
         env["GOOGLE_APPLICATION_CREDENTIALS"] = keyfile
+    secret, secret_path = _extra(extras, "secret"), _extra(extras, "secret_file_path")
+    if secret and secret_path:
+        raise ConfigError(f"connection {conn.conn_id!r} gives the secret twice (extras secret "
+                          "and secret_file_path); keep one")
+    if secret_path:
+        env[SECRET_FILE.name] = secret_path
+    elif secret:
+        env[SECRET_FILE.name] = private_secret_file(secret, conn_id=conn.conn_id)
     return StoreConfig(url=url, env=env, source=f"connection {conn.conn_id!r}")
+
+
+def private_secret_file(text: str, *, conn_id: str) -> str:
+    """A file holding the connection's secret, readable by this user only, for the task and
+    what it starts (``cairn run``, the Checkpointer's writer process), which find it by
+    ``CAIRN_SECRET_FILE``. In memory (``/dev/shm``) where there is one; the same secret maps to
+    the same file, which stays for the worker's later tasks."""
+    import tempfile
+
+    import blake3
+
+    from cairn.store import secret_from_text
+
+    secret_from_text(text, source=f"connection {conn_id!r}'s extra secret")  # say what is wrong
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else tempfile.gettempdir()
+    directory = os.path.join(base, f"cairn-secrets-{os.getuid()}")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.lstat(directory)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077 or not os.path.isdir(directory) \
+            or os.path.islink(directory):
+        raise ConfigError(f"{directory} is not a private directory of this user; remove it")
+    path = os.path.join(directory, blake3.blake3(text.encode()).hexdigest()[:32] + ".secret")
+    if not os.path.exists(path):
+        partial = f"{path}.{os.getpid()}.partial"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(partial, path)
+    return path
 
 
 @contextmanager

@@ -71,3 +71,32 @@ def test_test_connection_opens_an_existing_store(monkeypatch: pytest.MonkeyPatch
     assert not ok and "no cairn store" in message
     open_store(str(store)).close()
     assert CairnHook().test_connection() == (True, f"cairn store {store} is reachable")
+
+
+def test_an_encrypted_stores_secret_from_the_connection(tmp_path) -> None:  # noqa: ANN001
+    """The extra ``secret`` (a secret file's text) becomes a private file named by
+    CAIRN_SECRET_FILE for the task and its children; ``secret_file_path`` names one on the
+    worker; both, or a malformed secret, are refused naming the connection."""
+    import os
+    import stat
+
+    from cairn.runtime.stores import open_store
+    from cairn.store import new_secret, secret_text
+
+    text = secret_text(new_secret())
+    config = store_config_from_connection(_conn(str(tmp_path / "store"), secret=text))
+    path = config.env["CAIRN_SECRET_FILE"]
+    assert open(path).read() == text.strip()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    again = store_config_from_connection(_conn(str(tmp_path / "store"), secret=text))
+    assert again.env == config.env  # the same secret, the same file
+    with open_store(config.url, environ=config.env) as store:  # created encrypted with it
+        assert store.encrypted
+    on_worker = store_config_from_connection(
+        _conn("gs://b/p", secret_file_path="/var/run/cairn-secret/cairn.secret"))
+    assert on_worker.env == {"CAIRN_SECRET_FILE": "/var/run/cairn-secret/cairn.secret"}
+    with pytest.raises(ConfigError, match="gives the secret twice"):
+        store_config_from_connection(_conn("/d", secret=text, secret_file_path="/x"))
+    with pytest.raises(ConfigError, match="connection 'cairn_default'.*not a cairn secret"):
+        store_config_from_connection(_conn("/d", secret="hunter2"))
