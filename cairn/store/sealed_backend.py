@@ -12,6 +12,7 @@ Listings and sizes are the backend's own: a bucket reader sees names and sizes o
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
@@ -29,6 +30,10 @@ class SealedBackend(Backend):
         self.sealer = sealer
         self.url = inner.url
         self._raw_names = raw_names
+        # The last sealed object read by range, opened once for all its ranges: (name,
+        # version) -> plaintext.
+        self._ranged: tuple[tuple[str, str], bytes] | None = None
+        self._lock = threading.Lock()
 
     def _raw(self, name: str) -> bool:
         return (name.startswith(PACKS_PREFIX) or name.startswith(KEYRING_PREFIX)
@@ -49,9 +54,16 @@ class SealedBackend(Backend):
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         if self._raw(name):
             return self.inner.read_range(name, offset, length)
-        # A sealed object authenticates as a whole: read it all (records and an
-        # integration's outputs are small next to packs).
-        return self.read(name)[offset:offset + length]
+        # A sealed object authenticates as a whole: open it once, then serve its ranges (an
+        # integration reading an output block by block) from memory while it is unchanged.
+        ident = (name, self.inner.stat(name).version)
+        with self._lock:
+            cached = self._ranged
+        if cached is None or cached[0] != ident:
+            cached = (ident, self.read(name))
+            with self._lock:
+                self._ranged = cached
+        return cached[1][offset:offset + length]
 
     def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
         if self._raw(name):

@@ -52,3 +52,21 @@ def test_the_torch_example_resumes_after_a_kill(tmp_path: Path) -> None:
                               "print('start', start)\nfor step in range(start, 100):"), tmp_path)
     assert second.returncode == 0, second.stderr
     assert "start 40" in second.stdout  # every_steps=10: the snapshot of step 39
+
+
+def test_the_encrypted_store_example_runs(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.bin").write_bytes(b"readme-marker" * 10_000)
+    (script,) = [b for b in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(),
+                                       re.S) if b.startswith("cairn secret new")]
+    script = script.replace("/tmp/", f"{tmp_path}/")
+    bin_dir = str(Path(sys.executable).parent)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    restored = tmp_path / "restored-sealed" / "model.bin"
+    assert restored.read_bytes() == (tmp_path / "ckpt" / "model.bin").read_bytes()
+    for path in (tmp_path / "cairn-sealed").rglob("*"):
+        if path.is_file():
+            assert b"readme-marker" not in path.read_bytes(), path
