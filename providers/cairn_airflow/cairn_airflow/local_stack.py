@@ -1,9 +1,11 @@
 """A throwaway local Airflow 3 deployment, for ``make demo`` and the end-to-end tests:
 api-server, scheduler and dag-processor as separate processes, LocalExecutor, SQLite.
 
-It is what ``airflow standalone`` runs, minus the triggerer, with its own AIRFLOW_HOME, a free
-port and short parse/heartbeat intervals, and the ``cairn_default`` connection naming a local
-store. REST calls go through the api-server. Authentication is the simple auth manager with
+It is what ``airflow standalone`` runs: api-server, scheduler, dag-processor and (unless
+``triggerer=False``) the triggerer, which runs deferred tasks' triggers (a suspended cairn
+task waits there), with its own AIRFLOW_HOME, a free port and short parse/heartbeat
+intervals, and the ``cairn_default`` connection naming a local store. ``env`` adds variables
+for every component and the tasks they start (``CAIRN_SUSPEND_POLL``, say). REST calls go through the api-server. Authentication is the simple auth manager with
 ``all_admins`` (every request is an admin): for a laptop or a test, never for a deployment.
 Nothing here imports Airflow; it starts Airflow's CLI with this interpreter.
 """
@@ -22,6 +24,7 @@ import urllib.error
 import urllib.request
 
 from cairn.runtime import env as contract
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,10 @@ def free_port() -> int:
 class AirflowStack:
     """Start with :meth:`start`, stop with :meth:`stop` (kills every component's group)."""
 
-    def __init__(self, home: Path, dags: Path, *, store: Path, port: int | None = None) -> None:
+    def __init__(self, home: Path, dags: Path, *, store: Path, port: int | None = None,
+                 triggerer: bool = True, env: Mapping[str, str] | None = None) -> None:
         self.home = home
+        self.triggerer = triggerer
         self.dags = dags
         self.store = store
         self.port = port or free_port()
@@ -71,7 +76,12 @@ class AirflowStack:
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_CAIRN_DEFAULT": json.dumps(
                 {"conn_type": "cairn", "extra": {"store_url": str(store)}}),
+            # A fired trigger's task is picked up at the scheduler's next loop.
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            # Its own log server port, so that two stacks (or a demo) can run side by side.
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         })
+        self.env.update(env or {})
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -81,8 +91,7 @@ class AirflowStack:
         if done.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-2000:]}\n"
                                f"{done.stderr[-2000:]}")
-        for name, args in (("api-server", ["api-server", "--port", str(self.port)]),
-                           ("scheduler", ["scheduler"]), ("dag-processor", ["dag-processor"])):
+        for name, args in self.components():
             log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "airflow", *args], env=self.env, stdin=subprocess.DEVNULL,
@@ -93,13 +102,22 @@ class AirflowStack:
             self._check_alive()
             try:
                 health = self.get("/api/v2/monitor/health")
-                if health.get("scheduler", {}).get("status") == "healthy":
+                if all(health.get(part, {}).get("status") == "healthy"
+                       for part in ("scheduler", *(("triggerer",) if self.triggerer else ()))):
                     return
             except (OSError, ValueError):
                 pass
             time.sleep(1)
         raise RuntimeError(f"the Airflow stack was not healthy within {timeout:.0f}s\n"
                            + self.logs_tail())
+
+    def components(self) -> list[tuple[str, list[str]]]:
+        """The Airflow processes to start: each one's name and ``airflow`` arguments."""
+        parts = [("api-server", ["api-server", "--port", str(self.port)]),
+                 ("scheduler", ["scheduler"]), ("dag-processor", ["dag-processor"])]
+        if self.triggerer:
+            parts.append(("triggerer", ["triggerer"]))
+        return parts
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -202,6 +220,17 @@ class AirflowStack:
 
         return self.wait_for(finished, what=f"run {run_id} of {dag_id} to finish",
                              timeout=timeout, every=1)
+
+    def cairn_request(self, kind: str, dag_id: str, run_id: str, task_id: str, *,
+                      reason: str | None = None) -> Any:
+        """What the snapshots page's suspend or resume button does (``kind``), through the
+        page's JSON API."""
+        from urllib.parse import urlencode
+
+        query = urlencode({"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
+                           "map_index": -1})
+        return self.request("POST", f"/cairn/api/snapshots/{kind}?{query}",
+                            {"reason": reason})
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         entry = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"

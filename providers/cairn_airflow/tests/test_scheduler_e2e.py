@@ -19,17 +19,22 @@ from pathlib import Path
 import pytest
 
 from cairn_airflow.local_stack import AirflowStack
+from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 RETRY_DELAY_S = 2.0  # retry_delay in dags/process_training.py
+SUSPEND_POLL_S = 0.2
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[AirflowStack]:
     root = Path(tempfile.mkdtemp(prefix="cairn-af-stack-"))
-    s = AirflowStack(root / "home", REPO / "dags", store=root / "store")
+    # The triggerer runs (a suspended task waits there); tries look for suspend requests and
+    # deferred tasks for resumes every 0.2 s, so the suspend tests stay short.
+    s = AirflowStack(root / "home", REPO / "dags", store=root / "store", triggerer=True,
+                     env={"CAIRN_SUSPEND_POLL": f"{SUSPEND_POLL_S}s"})
     try:
         s.start()
         yield s
@@ -297,3 +302,85 @@ def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
     outcomes = _outcomes(stack.store, key)
     assert [o.outcome.value for o in outcomes] == ["preempted", "succeeded"]
     assert outcomes[1].detail["resumed_from_seq"] == preempted.progress.snapshot_seq
+
+
+# -- suspend and resume (issue 19): the task defers, its process is gone, no retry is used ------
+
+def _suspend_and_resume(stack: AirflowStack, dag_id: str, run_id: str, progress: Path,
+                        *, key: tuple[str, ...], workload_pid: int | None) -> dict[str, float]:
+    """Suspend through the page's API, see the task deferred with its processes gone, resume,
+    see it continue; returns the measured seconds (request to deferred, resume to next step)."""
+    import time
+
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["state"] == "running" and ti["try_number"] == 1, ti
+    task_pid = ti["pid"]
+    asked_at = time.time()
+    made = stack.cairn_request("suspend", dag_id, run_id, "train", reason="e2e: GPUs needed")
+    assert made["suspension"]["state"] == "suspend-requested", made
+    stack.wait_for(lambda: stack.task_instance(dag_id, run_id, "train")["state"] == "deferred",
+                   what="the suspended task to be deferred", timeout=120, every=0.1)
+    deferred_at = time.time()
+    deferred_s = deferred_at - asked_at
+    for pid in filter(None, (task_pid, workload_pid)):
+        stack.wait_for(lambda pid=pid: _gone(pid), what=f"process {pid} to end", timeout=30)
+    (outcome,) = [o for o in _outcomes(stack.store, key) if o.outcome.value == "suspended"]
+    assert outcome.detail["suspend"]["by"].endswith("(Airflow)"), outcome.detail
+    stopped_at = read_progress(progress)[-1][1]
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["state"] == "deferred" and ti["try_number"] == 1, ti
+
+    resumed_at = time.time()
+    made = stack.cairn_request("resume", dag_id, run_id, "train", reason="e2e: done")
+    assert made["suspension"]["state"] == "resume-requested", made
+    stack.wait_for(lambda: read_progress(progress)[-1][1] > stopped_at,
+                   what="the step after the suspend snapshot", timeout=180, every=0.1)
+    next_at = time.time()
+    rows = read_progress(progress)
+    index = next(i for i, r in enumerate(rows) if r[1] > stopped_at)
+    assert rows[index][1] == stopped_at + 1, "the resumed try redid or skipped steps"
+    # The trigger holds a resume asked at once until MIN_RESCHEDULE_DELAY after the deferral.
+    floor_at = max(resumed_at, deferred_at + MIN_RESCHEDULE_DELAY.total_seconds())
+    print(f"\n{dag_id}: suspend request -> deferred {deferred_s:.2f}s; resume request -> "
+          f"next step {next_at - resumed_at:.2f}s, {next_at - floor_at:.2f}s of it after the "
+          f"deferral floor (step {stopped_at} -> {stopped_at + 1})")
+    return {"deferred_s": deferred_s, "next_step_s": next_at - resumed_at}
+
+
+def test_a_suspended_cooperative_task_defers_and_resumes_where_it_stopped(
+        stack: AirflowStack, tmp_path: Path) -> None:
+    dag_id, steps = "cairn_suspendable_training", 400
+    progress = tmp_path / "progress.log"
+    run_id = stack.trigger(dag_id, {"total_steps": steps, "step_seconds": 0.02,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    _wait_steps(stack, progress, 40)
+    _suspend_and_resume(stack, dag_id, run_id, progress, key=key, workload_pid=None)
+    assert stack.wait_for_run(dag_id, run_id, timeout=180) == "success", stack.logs_tail()
+
+    assert [r[1] for r in read_progress(progress)] == list(range(steps)), \
+        "a step was redone or skipped"
+    assert stack.task_instance(dag_id, run_id, "train")["try_number"] == 1, "a retry was used"
+    assert [o.outcome.value for o in _outcomes(stack.store, key)] == ["suspended", "succeeded"]
+    result = stack.xcom(dag_id, run_id, "train")
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert result["start_step"] > 0 and meta["try_number"] == 1 and meta["done"] is True
+
+
+@needs_criu
+def test_a_suspended_process_mode_task_defers_and_its_process_is_restored(
+        stack: AirflowStack, tmp_path: Path) -> None:
+    dag_id, steps = "cairn_process_training", 1500
+    progress = tmp_path / "progress.log"
+    run_id, key = _process_training_past_300_steps(stack, progress, steps)
+    workload = read_progress(progress)[-1][0]
+    _suspend_and_resume(stack, dag_id, run_id, progress, key=key, workload_pid=workload)
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+
+    rows = read_progress(progress)
+    assert [r[1] for r in rows] == list(range(steps)), "a step was redone or skipped"
+    assert {r[0] for r in rows} == {workload}, "the restored process is not the same process"
+    assert stack.task_instance(dag_id, run_id, "train")["try_number"] == 1, "a retry was used"
+    assert [o.outcome.value for o in _outcomes(stack.store, key)] == ["suspended", "succeeded"]
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert meta["exit_code"] == 0 and meta["try_number"] == 1 and meta["done"] is True
