@@ -24,6 +24,9 @@ Commands:
   random without replacement; result: bytes changed;
 * ``touch FRACTION SEED``: read 64 bytes of ``FRACTION`` of the pages, picked at random from
   ``SEED`` (what a step reads first after a restore); result: a SHA-1 of what was read;
+* ``touch-runs FRACTION RUN SEED``: read 64 bytes of every page of ``FRACTION`` of the memory,
+  in contiguous runs of ``RUN`` bytes placed as ``contig`` places them (from ``SEED``): a step
+  that reads its working set in runs; result: a SHA-1 of what was read;
 * ``checksum``: result: the hex digest of the whole buffer (BLAKE3, else SHA-1);
 * ``exit``: acknowledge and exit 0.
 
@@ -115,6 +118,22 @@ class Memory:
             h.update(self.buf[page * PAGE:page * PAGE + 64])
         return h.hexdigest()
 
+    def touch_runs(self, seq: int, fraction: float, run: int) -> str:
+        """Read every page of ``fraction`` of the memory in runs of ``run`` bytes (a step's
+        working set, as ``contig`` places its runs); a digest of what was read."""
+        run -= run % PAGE
+        stratum = int(run / fraction)
+        stratum -= stratum % PAGE
+        if run <= 0 or stratum < run:
+            raise ValueError(f"bad run {run} / fraction {fraction}")
+        rng = random.Random(f"touch-runs-{self.seed}-{seq}")
+        h = hashlib.sha1()
+        for base in range(0, self.size - stratum + 1, stratum):
+            start = base + rng.randrange(0, (stratum - run) // PAGE + 1) * PAGE
+            for page in range(start, start + run, PAGE):
+                h.update(self.buf[page:page + 64])
+        return h.hexdigest()
+
     def checksum(self) -> str:
         h = blake3.blake3() if blake3 is not None else hashlib.sha1()
         view = memoryview(self.buf)
@@ -154,6 +173,8 @@ def serve(memory: Memory, directory: str) -> None:
             result = str(memory.scatter(seq, float(args[0])))
         elif command == "touch":
             result = memory.touch(int(args[1]), float(args[0]))
+        elif command == "touch-runs":
+            result = memory.touch_runs(int(args[2]), float(args[0]), int(args[1]))
         elif command == "checksum":
             result = memory.checksum()
         elif command == "exit":

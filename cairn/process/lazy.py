@@ -51,7 +51,7 @@ MM_MAGIC = 0x57492820  # mm-<pid>.img (criu/include/magic.h)
 # each), so reading and hashing overlap on every core while a fault's own fetch goes first.
 FILL_STEP_BYTES = 4 << 20
 FILL_THREADS = 3
-FILL_THREADS_DURING_FAULTS = 1  # the others wait while faults fetch (fill_next)
+FILL_THREADS_DURING_FAULTS = 0  # fetchers that go on while faults fetch; the rest wait
 FAULT_QUIET_S = 0.05
 STOP_S = 10.0
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
-import logging
 import os
 import select
 import threading
@@ -31,13 +30,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from cairn.exceptions import CorruptSnapshot
 from cairn.process import uffd
 from cairn.process.images import PAGE_SIZE
 
-log = logging.getLogger("cairn.run")
-
-FAULT_AROUND = 2 << 20  # a fault copies the aligned 2 MiB around it: a step's working set
+FAULT_AROUND = 1 << 20  # a fault copies the aligned 1 MiB around it (ADR 0026)
 STEP = 4 << 20  # the background's copies, as large as the fetch's steps
 IDLE_POLL_S = 0.05  # a wake-up check while the background waits for the fetch
 
