@@ -13,7 +13,8 @@ import pytest
 
 from cairn.store import Key, open_store, write_secret_file
 from cairn.store.keyring import load_secret_file
-from tests.support.cairn_run import CairnRun, can_run_criu, gone, metric_steps, wait_for
+from cairn.process.criu import has_feature
+from tests.support.cairn_run import CRIU, CairnRun, can_run_criu, gone, metric_steps, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,16 +26,20 @@ MARKER = b"cairn-process-marker-0d1e5b"
 KEY = "dag/encrypted/1"
 
 
-def _run(tmp_path: Path, url: str, env: dict[str, str]) -> CairnRun:
+def _run(tmp_path: Path, url: str, env: dict[str, str], restore: str = "eager") -> CairnRun:
     work = tmp_path / "workspace"
     work.mkdir(exist_ok=True)
     return CairnRun(store=url, key=KEY, workdir=work / "cairn", logs=tmp_path / "logs", env=env,
+                    extra=["--restore", restore],
                     command=[sys.executable, str(WORKLOAD), str(work / "metrics.txt"), "200",
                              "0.05"], cwd=tmp_path)
 
 
+@pytest.mark.parametrize("restore", ["eager", "lazy"])
 def test_a_process_snapshot_in_a_bucket_is_sealed_and_resumes_on_another_node(
-        tmp_path: Path, gcs_bucket: str) -> None:
+        tmp_path: Path, gcs_bucket: str, restore: str) -> None:
+    if restore == "lazy" and not has_feature(CRIU, "uffd-noncoop"):
+        pytest.skip("this kernel has no userfaultfd for CRIU (criu check --feature uffd-noncoop)")
     url = f"gs://{gcs_bucket}/cairn"
     secret_file = tmp_path / "cairn.secret"
     write_secret_file(str(secret_file))
@@ -60,9 +65,10 @@ def test_a_process_snapshot_in_a_bucket_is_sealed_and_resumes_on_another_node(
             assert b"metrics.txt" not in content and b"pages-" not in content, name
     shutil.rmtree(tmp_path / "workspace")  # a fresh node: only the store and the secret
 
-    second = _run(tmp_path, url, env)
+    second = _run(tmp_path, url, env, restore)  # lazy: pages served from sealed chunks
     assert second.wait() == 0, second.stderr
     assert f"restored snapshot seq {kept}" in second.stderr
+    assert ("lazy restore complete: every page in" in second.stderr) == (restore == "lazy")
     assert metric_steps(metrics) == list(range(200)), "every step once, resumed mid-way"
 
     without = _run(tmp_path, url, {})
