@@ -14,7 +14,8 @@ from kfp import dsl
 from kfp.dsl import Dataset, Output
 
 import cairn_kfp
-from cairn.store import Key, open_store
+from cairn import open_store  # with the secret CAIRN_SECRET_FILE names, as the tasks open it
+from cairn.store import Key, write_secret_file
 from cairn.store.slotlog import RecordKind
 from cairn_kfp.kubernetes import set_retries
 
@@ -74,11 +75,15 @@ def make_inputs(count: int, data: Output[Dataset]) -> None:
             f.write(f"record {i}\n")
 
 
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
 def test_batch_inference_writes_each_output_exactly_once(
-        local_kfp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        local_kfp: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encrypted: bool) -> None:
     store_url = str(tmp_path / "store")
     work = tmp_path / "work"
     work.mkdir()
+    if encrypted:  # the tasks inherit the secret's setting, as a pod's containers would
+        write_secret_file(str(tmp_path / "cairn.secret"))
+        monkeypatch.setenv("CAIRN_SECRET_FILE", str(tmp_path / "cairn.secret"))
     monkeypatch.setenv("CAIRN_KFP_TEST_DIR", str(work))
     # Killed after predicting part-005, before committing it; the cursor snapshot (every 2
     # inputs) holds 4, so the retry redoes part-004 (already committed) and part-005.
@@ -102,6 +107,7 @@ def test_batch_inference_writes_each_output_exactly_once(
     [results] = local_kfp.glob("*/batch-inference/results")
     index = json.loads((results / "index.json").read_text())
     with open_store(store_url) as store:
+        assert store.encrypted == encrypted
         names = [info.name for info in store.backend.list("outputs/")]
         assert names == index["outputs"]
         assert len(names) == 8  # one object per input: each committed exactly once
@@ -109,6 +115,8 @@ def test_batch_inference_writes_each_output_exactly_once(
             expected = f"RECORD {i}\n".encode()
             assert store.backend.read(name) == expected
             assert (results / f"part-{i:03d}.txt").read_bytes() == expected
+            # In an encrypted store the output object holds no plaintext.
+            assert (b"RECORD" in store.raw_backend.read(name)) == (not encrypted)
     assert not list(results.glob("*.partial"))
 
 
