@@ -606,12 +606,16 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
             plan = self.cairn_plan
             from cairn.exceptions import Suspended
 
-            if isinstance(mapped, Suspended) and plan is not None:
+            context = context if context is not None else self._cairn_context
+            if isinstance(mapped, Suspended) and (plan is not None or context is not None):
                 # The pod is deleted by now (or kept, as on_finish_action says): nothing runs
-                # while the task waits. The continuation builds a new pod.
-                self.defer_suspended(context if context is not None else self._cairn_context,
-                                     store_url=plan.store.url, key=plan.key,
-                                     env=plan.store.env)
+                # while the task waits. The continuation builds a new pod. Without a plan (the
+                # KPO's own deferrable mode resumed on another worker) the key and store are
+                # those of the task.
+                store = plan.store if plan is not None else self.store_config()
+                self.defer_suspended(context, store_url=store.url,
+                                     key=plan.key if plan is not None else task_key(context),
+                                     env=store.env)
                 raise mapped from e  # the key was discarded meanwhile: a retry starts fresh
             if plan is not None and plan.resume is not None:
                 ended = mapped or e  # the pod's outcome is recorded by _record_outcome

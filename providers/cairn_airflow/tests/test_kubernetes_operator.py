@@ -366,10 +366,13 @@ class FakeKubernetesApi:
 
 def cleanup_after(kubeconfig_for: Callable[[str], str], store_url: str, pod: k8s.V1Pod, *,
                   prepare: Callable[[Any], None] = lambda key: None,
-                  seen: list[tuple[str, str]] | None = None, **options: Any) -> None:
+                  seen: list[tuple[str, str]] | None = None, forget_plan: bool = False,
+                  **options: Any) -> None:
     """Build this try's pod (its plan reads the store ``prepare(key)`` filled), then run
     Airflow's cleanup for ``pod`` ended as it is, against a fake API server serving it; the
-    API requests made go to ``seen``. Raises what the cleanup raised."""
+    API requests made go to ``seen``. ``forget_plan``: the cleanup runs on an operator that
+    did not build the pod (the KPO's deferrable mode resumed elsewhere). Raises what the
+    cleanup raised."""
     pod.metadata = k8s.V1ObjectMeta(name="train-abc", namespace="training", labels={})
     api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(pod)})
     try:
@@ -377,6 +380,8 @@ def cleanup_after(kubeconfig_for: Callable[[str], str], store_url: str, pod: k8s
         context = context_for(op)
         prepare(task_key(context))
         op.build_pod_request_obj(context)
+        if forget_plan:
+            op.cairn_plan = None
         op.cleanup(pod=pod, remote_pod=pod, context=context)
     finally:
         api.close()
@@ -503,8 +508,9 @@ def test_a_preempted_pod_is_rescheduled_without_consuming_a_retry(kubeconfig_for
                       max_preemptions=1)
 
 
-def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(kubeconfig_for: Any,
-                                                                    store_url: str) -> None:
+@pytest.mark.parametrize("forget_plan", [False, True], ids=["built-here", "built-elsewhere"])
+def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(
+        kubeconfig_for: Any, store_url: str, forget_plan: bool) -> None:
     """Exit 77 (issue 19): the pod is cleaned up as usual, then the task defers with the resume
     trigger for the suspended try instead of failing; nothing is left running."""
     from airflow.sdk.exceptions import TaskDeferred
@@ -525,7 +531,8 @@ def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(kubeconfig_fo
     seen: list[tuple[str, str]] = []
     with pytest.raises(TaskDeferred) as raised:
         cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=77, reason="Error"),
-                      prepare=suspended_in_the_pod, seen=seen, resume_poll=2)
+                      prepare=suspended_in_the_pod, seen=seen, resume_poll=2,
+                      forget_plan=forget_plan)
     deferred = raised.value
     assert deferred.method_name == "resume_suspended" and deferred.timeout is None
     assert isinstance(deferred.trigger, CairnResumeTrigger)
