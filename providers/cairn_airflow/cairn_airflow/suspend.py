@@ -157,9 +157,27 @@ class SuspendDeferral:
         except TaskDeferralTimeout as e:
             from cairn_airflow.operators import task_key
 
+            if not self._held(context):
+                raise  # another deferral's timeout (the KPO's own deferrable mode)
             raise AirflowFailException(
                 f"cairn: {task_key(context)} stayed suspended until the task's "
                 f"execution_timeout ({getattr(self, 'execution_timeout', None)}) ran out, so "
                 "Airflow ended the wait. The suspension and its snapshot are kept: resume it "
                 "(`cairn resume STORE KEY` or the snapshots page), then clear the task; it "
                 "continues from the suspend snapshot") from e
+
+    def _held(self, context: Any) -> bool:
+        """Whether the task's key is held suspended (False when the store cannot be read:
+        Airflow's own error is raised then)."""
+        from cairn import open_store
+        from cairn.exceptions import CairnError
+        from cairn_airflow.hooks import scoped_environ
+        from cairn_airflow.operators import task_key
+
+        try:
+            config = self.store_config()  # type: ignore[attr-defined]
+            with scoped_environ(config.env), open_store(config.url, create=False) as store:
+                current = store.suspension(task_key(context))
+        except (CairnError, OSError):
+            return False
+        return current is not None and current.held

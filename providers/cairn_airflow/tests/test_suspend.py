@@ -102,14 +102,25 @@ def test_the_deferral_timeout_is_what_is_left_of_execution_timeout() -> None:
         deferral_timeout(op, _context(now - timedelta(hours=3)), now=now)
 
 
-def test_a_deferral_that_timed_out_fails_without_a_retry_and_says_how_to_go_on() -> None:
+def test_a_deferral_that_timed_out_fails_without_a_retry_and_says_how_to_go_on(
+        tmp_path: Path) -> None:
     from airflow.models.trigger import TriggerFailureReason
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferralTimeout
 
-    op = _operator(execution_timeout=timedelta(hours=1))
+    from cairn.store import Key, open_store
+
+    url = str(tmp_path / "store")
+    op = _operator(execution_timeout=timedelta(hours=1), store_url=url)
+    timed_out = ("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, _context(None))
+    with open_store(url) as store:
+        key = Key(("d", "train", "r", "-1"))
+        store.open_attempt(key, note={"mode": "state"})
+        # Not suspended: another deferral's timeout is Airflow's own error.
+        with pytest.raises(TaskDeferralTimeout):
+            op.resume_execution(*timed_out)
+        store.request_suspend(key, by="tester")
     with pytest.raises(AirflowFailException) as caught:
-        op.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT},
-                            _context(None))
+        op.resume_execution(*timed_out)
     message = str(caught.value)
     assert "d/train/r/-1 stayed suspended" in message and "execution_timeout" in message
     assert "cairn resume" in message and "clear the task" in message
