@@ -1,10 +1,10 @@
 """userfaultfd as ``criu restore --lazy-pages`` hands it over (ADR 0026).
 
 CRIU 4.1.1 (``criu/uffd.c``): every restored task opens a userfaultfd (``O_NONBLOCK``, API
-negotiated with ``UFFD_FEATURE_EVENT_FORK | EVENT_REMAP | EVENT_REMOVE | EVENT_UNMAP``),
-connects to ``lazy-pages.socket`` in the restore's work directory (the images directory)
-and sends its PID as an ``int32`` (negative for a zombie, which sends nothing else), then the
-descriptor with ``SCM_RIGHTS`` over one dummy byte. The restorer registers the task's lazy
+negotiated with ``UFFD_FEATURE_EVENT_FORK | EVENT_REMAP | EVENT_REMOVE | EVENT_UNMAP``)
+and, over the one connection CRIU made to ``lazy-pages.socket`` in the restore's work
+directory (the images directory), sends its PID as an ``int32`` (negative for a zombie,
+which sends nothing else), then the descriptor with ``SCM_RIGHTS`` over one dummy byte. The restorer registers the task's lazy
 VMAs (``MODE_MISSING``) and closes its own copy. When the whole tree is restored CRIU sends
 ``LAZY_PAGES_RESTORE_FINISHED`` (``int32``) and closes the connection. From then on the
 holder of the descriptors is the only thing that can fill the missing pages: if it closes

@@ -54,6 +54,8 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
                 "frozen_vs_floor", "frozen_vs_floor_by_size", "floor_ms_by_size",
                 "plain_best_by_size", "cairn_staging_by_size", "memory_bandwidth",
                 "eager_restore_vs_plain_by_size", "lazy_next_step_vs_plain_by_size",
+                "lazy_random_next_step_vs_plain_by_size", "lazy_resident_s_by_size",
+                "lazy_runs_resident_s_by_size",
                 "restore_fetch_mbps_by_size", "raw_disk_mbps_by_size",
                 "manifest_mib_per_gib_by_size"):
         assert key in summary, key
@@ -73,28 +75,38 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     (size,) = summary["sizes"]
     assert size["size_bytes"] == 64 << 20
     assert size["restore_verified"] is True
-    assert size["restores_checked"] == 3  # plain, eager and lazy, each checksummed
+    assert size["restores_checked"] == 4  # plain, eager, lazy and lazy-runs, each checksummed
     # 32 KiB page chunks at about 35-39 bytes of manifest each (schema 2's chunk table).
     manifest = size["manifest_mib_per_gib"]
     assert 0.5 < manifest == summary["manifest_mib_per_gib_by_size"]["64 MiB"] < 4
     restore = size["restore"]
     (run,) = restore["runs"]
-    assert set(run) == {"plain", "eager", "lazy"} and all(r["verified"] for r in run.values())
-    assert run["lazy"]["mode"] == "lazy" and run["eager"]["mode"] == "eager"
-    assert run["lazy"]["failure"] is None
-    # Every page the lazy side got came from the page server (the image minus the small
-    # images and the pages CRIU restores itself).
-    assert 0.5 * restore["image_bytes"] < run["lazy"]["bytes_served"] <= restore["image_bytes"]
+    assert set(run) == {"plain", "eager", "lazy", "lazy-runs"}
+    assert all(r["verified"] for r in run.values())
+    assert run["lazy"]["mode"] == run["lazy-runs"]["mode"] == "lazy"
+    assert run["eager"]["mode"] == "eager"
+    for side in ("lazy", "lazy-runs"):
+        assert run[side]["failure"] is None
+        # Every page the lazy sides got came from cairn's handler (the image minus the small
+        # images and the pages CRIU restores itself), some of it on the step's faults.
+        assert 0.5 * restore["image_bytes"] < run[side]["bytes_served"] <= restore["image_bytes"]
+        assert 0 < run[side]["fault_bytes"] <= run[side]["bytes_served"]
+        assert run[side]["faults"] > 0
     assert restore["eager_vs_plain"] == pytest.approx(restore["eager_s"] / restore["plain_s"],
                                                       abs=1e-3)
     assert summary["eager_restore_vs_plain"] == restore["eager_vs_plain"]
     assert summary["lazy_next_step_vs_plain"] == restore["lazy_next_step_vs_plain"] > 0
+    assert summary["lazy_random_next_step_vs_plain"] == \
+        restore["lazy_random_next_step_vs_plain"] > 0
     parts = restore["breakdown"]
     assert parts["eager_fetch_s"] + parts["eager_criu_s"] <= restore["eager_s"] + 0.01
     assert restore["fetch_mbps"] > 0 and restore["raw_disk_mbps"] > 0
     for side in ("plain", "eager", "lazy"):
         assert restore["next_step_s"][side] >= run[side]["running_s"] > 0
+    for side in ("plain", "eager", "lazy-runs"):
+        assert restore["next_step_runs_s"][side] >= run[side]["running_s"] > 0
     assert restore["resident_s"]["lazy"] >= restore["lazy_running_s"]
+    assert restore["resident_s"]["lazy-runs"] >= run["lazy-runs"]["running_s"]
     # Plain CRIU dumped to disk and, where 64 MiB fits in memory, to tmpfs, and the ratio is
     # against its faster medium; cairn staged where its policy (auto) said, and says why.
     fits = ROOM >= 1 << 30  # plenty for the workload and its image (between: either may be)
