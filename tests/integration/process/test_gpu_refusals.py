@@ -178,12 +178,14 @@ def test_uvm_memory_the_driver_will_not_checkpoint_is_refused_and_unlocked(place
         pid = run.child_pid()
         assert pid is not None
         wait_for(lambda: driver.calls("cuCheckpointProcessUnlock"), 10, "the unlock")
-        assert [c["call"] for c in driver.calls()
-                if c["call"].startswith("cuCheckpointProcess") and c["pid"] == pid
-                and c["call"] != "cuCheckpointProcessGetState"][:3] == [
-            "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
-            "cuCheckpointProcessUnlock"]
-        assert driver.state(pid) == 0  # RUNNING
+        moves = [(c["call"].removeprefix("cuCheckpointProcess"), c["rc"]) for c in
+                 driver.calls("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+                              "cuCheckpointProcessUnlock") if c["pid"] == pid]
+        # Each try: locked, refused at the checkpoint, unlocked again (the next period's try
+        # may be under way, so only whole tries are compared).
+        whole = moves[:3 * (len(moves) // 3)]
+        assert whole and whole == [("Lock", 0), ("Checkpoint", 801), ("Unlock", 0)] * (
+            len(whole) // 3), moves
         assert run.committed() == []
     finally:
         tree = descendants(run.proc.pid)
