@@ -164,6 +164,7 @@ class FaultHandler:
         self._targets: dict[int, Target] = {}
         self._retry: list[tuple[Target, int]] = []
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_lock = threading.Lock()
         self._stop = threading.Event()
         self._epoll = select.epoll()
         self._conn_fd: int | None = None
@@ -178,8 +179,10 @@ class FaultHandler:
 
     def wake(self) -> None:
         """Something the handler waits for happened (the fetch verified more pages)."""
-        with contextlib.suppress(OSError):
-            os.eventfd_write(self._wake_fd, 1)
+        with self._wake_lock:  # never write to the number once closed: it may be reused
+            if self._wake_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.eventfd_write(self._wake_fd, 1)
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,8 +206,9 @@ class FaultHandler:
                     os.close(target.fd)
             self._targets.clear()
             self._epoll.close()
-            with contextlib.suppress(OSError):
+            with self._wake_lock:
                 os.close(self._wake_fd)
+                self._wake_fd = -1
             self._listener.close()
             self.done.set()
 
