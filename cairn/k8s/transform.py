@@ -1,7 +1,10 @@
 """``with_snapshot_sidecar``: a pure pod-spec transform that puts a step under cairn.
 
-It takes a Pod (a ``kubernetes.client.V1Pod`` or a plain manifest dict, camelCase as in YAML)
-and returns a new one of the same kind; the input is never modified. What it does, and why,
+It takes a Pod, a Job (batch/v1) or a JobSet (jobset.x-k8s.io/v1alpha2): a plain manifest dict,
+camelCase as in YAML, or a ``kubernetes.client.V1Pod`` / ``V1Job``, and returns a new one of the
+same kind; the input is never modified. A Job's pod template (each replicated Job's, for a
+JobSet) is transformed, and each pod's key is (namespace, Job, completion index), built in the
+pod from the downward API (ADR 0028). What it does, and why,
 is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.md:
 
 * the main container runs under ``cairn run`` (process mode), or gets ``CAIRN_STORE``,
@@ -70,6 +73,15 @@ SECRET_DIR = "/var/run/cairn-secret"
 SECRET_FILE_NAME = "cairn.secret"
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+# Jobs and JobSets (ADR 0028): a Job pod's key is (namespace, Job, completion index), known only
+# in the pod, so it is built from the downward API and Kubernetes' $(VAR) expansion.
+JOB_API_VERSION = "batch/v1"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # on a Job's pods since Kubernetes 1.27
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # Indexed Jobs
+NAMESPACE_ENV = "CAIRN_K8S_NAMESPACE"
+JOB_ENV = "CAIRN_K8S_JOB"
+INDEX_ENV = "CAIRN_K8S_COMPLETION_INDEX"
 SIDECAR_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 # Uploading hashes and sends every dump (cairn.k8s.uploader keeps two 16 MiB packs in flight).
 UPLOADER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
@@ -100,33 +112,39 @@ class StoreAccessWarning(UserWarning):
 
 # -- V1Pod <-> dict ----------------------------------------------------------------------------
 
-def _as_manifest(pod: object) -> tuple[dict[str, Any], bool]:
-    """A deep copy of ``pod`` as a camelCase dict, and whether it was a ``V1Pod``."""
-    if isinstance(pod, dict):
-        return copy.deepcopy(pod), False
+def _as_manifest(obj: object) -> tuple[dict[str, Any], str | None]:
+    """A deep copy of ``obj`` as a camelCase dict, and the ``kubernetes`` client model it was
+    (``"V1Pod"``, ``"V1Job"``; None for a dict)."""
+    if isinstance(obj, dict):
+        return copy.deepcopy(obj), None
     try:
-        from kubernetes.client import ApiClient, V1Pod
+        from kubernetes.client import ApiClient, V1Job, V1Pod
     except ImportError:
-        V1Pod = None  # noqa: N806
-    if V1Pod is not None and isinstance(pod, V1Pod):
-        return copy.deepcopy(ApiClient().sanitize_for_serialization(pod)), True
-    raise ConfigError(f"with_snapshot_sidecar takes a Pod as a dict or a kubernetes.client.V1Pod, "
-                      f"not {type(pod).__name__}")
+        V1Pod = V1Job = None  # noqa: N806
+    for model in (V1Pod, V1Job):
+        if model is not None and isinstance(obj, model):
+            return copy.deepcopy(ApiClient().sanitize_for_serialization(obj)), model.__name__
+    raise ConfigError(f"with_snapshot_sidecar takes a Pod, a Job or a JobSet as a dict (or a "
+                      f"kubernetes.client.V1Pod / V1Job), not {type(obj).__name__}")
 
 
 def to_v1pod(manifest: dict[str, Any]) -> Any:
     """A camelCase pod manifest as the ``kubernetes`` client's ``V1Pod``."""
+    return _to_model(manifest, "V1Pod")
+
+
+def _to_model(manifest: dict[str, Any], model: str) -> Any:
     from kubernetes.client import ApiClient
 
     text = json.dumps(manifest)
     client = ApiClient()
     try:
-        return client.deserialize(text, "V1Pod", "application/json")
+        return client.deserialize(text, model, "application/json")
     except TypeError:  # clients before 35 take a response object
         class _Response:
             data = text
 
-        return client.deserialize(_Response(), "V1Pod")  # type: ignore[call-arg]
+        return client.deserialize(_Response(), model)  # type: ignore[call-arg]
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -134,8 +152,8 @@ def to_v1pod(manifest: dict[str, Any]) -> Any:
 def _find_container(spec: dict[str, Any], name: str | None) -> dict[str, Any]:
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
-        raise ConfigError("the pod has no spec.containers; pass a Pod manifest (for a Job or "
-                          "Deployment, pass its spec.template wrapped as a Pod)")
+        raise ConfigError("the pod has no spec.containers; pass a Pod, a Job or a JobSet "
+                          "manifest with its containers")
     names = [c.get("name") for c in containers]
     if name is None:
         if len(containers) > 1:
@@ -345,13 +363,121 @@ def _size(value: int | str | None, what: str) -> int | None:
     return None if value is None else parse_bytes(value, what=what)
 
 
+# -- Jobs and JobSets -------------------------------------------------------------------------
+
+def _name(manifest: dict[str, Any]) -> str:
+    return str((manifest.get("metadata") or {}).get("name") or "(unnamed)")
+
+
+def _check_api_version(manifest: dict[str, Any], wanted: str) -> None:
+    given = manifest.get("apiVersion")
+    if given not in (None, wanted):
+        raise ConfigError(f"a {manifest.get('kind')} of apiVersion {given!r}: cairn transforms "
+                          f"{wanted}; convert it to that version first")
+
+
+def _prepend_env(container: dict[str, Any], values: list[dict[str, Any]]) -> None:
+    """Put ``values`` first in the container's env, so later values can use them as $(VAR)."""
+    env_list = container.setdefault("env", [])
+    taken = {e.get("name") for e in env_list}
+    clash = [v["name"] for v in values if v["name"] in taken]
+    if clash:
+        raise ConfigError(f"container {container.get('name')!r} already sets {clash}, which "
+                          "cairn sets from the downward API to build a Job pod's key; remove them")
+    env_list[:0] = copy.deepcopy(values)
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
+def _job_key(key: str | None, *, what: str, several_jobs: bool) -> str:
+    """The key template of a Job's pods (docs/kubernetes.md, "Jobs and JobSets"): by default
+    ``NAMESPACE/JOB/INDEX``; ``key=PREFIX`` gives ``PREFIX/JOB/INDEX``; a ``key`` that names
+    ``$(CAIRN_K8S_COMPLETION_INDEX)`` itself is taken as it is (it must tell the pods apart)."""
+    index, job, namespace = f"$({INDEX_ENV})", f"$({JOB_ENV})", f"$({NAMESPACE_ENV})"
+    if key is None:
+        return f"{namespace}/{job}/{index}"
+    if not isinstance(key, str):
+        raise ConfigError(f"key={key!r} must be text")
+    if "$(" not in key:
+        Key.parse(key)  # raises ConfigError with the key rules
+        return f"{key.strip('/')}/{job}/{index}"
+    sample = key.replace(index, "0").replace(job, "train-0").replace(namespace, "ml")
+    if "$(" in sample:
+        raise ConfigError(f"key {key!r} for {what} names a variable cairn does not set: it may use "
+                          f"{namespace}, {job} and {index}")
+    if index not in key or (several_jobs and job not in key):
+        needed = f"{job} and {index}" if several_jobs else index
+        raise ConfigError(f"key {key!r} for {what} does not tell its pods apart: include "
+                          f"{needed}, or pass key=None for NAMESPACE/JOB/INDEX")
+    Key.parse(sample)
+    return key
+
+
+def _transform_job(job: dict[str, Any], *, key: str | None, what: str, transform_pod: Any,
+                   several_jobs: bool, default_indexed: bool = False) -> None:
+    """Transform the pod template of ``job`` (a Job, or a JobSet's Job template), in place."""
+    spec = job.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        raise ConfigError(f"{what} has no spec.template.spec: give the pod template cairn wraps")
+    if default_indexed:  # JobSet's webhook defaults its Jobs to Indexed; say it explicitly
+        spec.setdefault("completionMode", "Indexed")
+    completion_mode = spec.get("completionMode") or "NonIndexed"
+    if completion_mode == "Indexed":
+        index_env: dict[str, Any] = {"name": INDEX_ENV, "valueFrom": _field(
+            f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")}
+    elif (spec.get("completions") or 1) == 1 and (spec.get("parallelism") or 1) == 1:
+        index_env = {"name": INDEX_ENV, "value": "0"}  # one pod at a time: its retries resume
+    else:
+        raise ConfigError(f"{what} is NonIndexed with completions={spec.get('completions')} and "
+                          f"parallelism={spec.get('parallelism')}: its pods have no identity a "
+                          "retry could resume as; set spec.completionMode: Indexed (each pod's "
+                          "key ends in its completion index), or run one pod (completions and "
+                          "parallelism 1)")
+    key_env = [{"name": NAMESPACE_ENV, "valueFrom": _field("metadata.namespace")},
+               {"name": JOB_ENV, "valueFrom": _field(f"metadata.labels['{JOB_NAME_LABEL}']")},
+               index_env]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template.setdefault("metadata", {}),
+           "spec": template["spec"]}
+    transform_pod(pod, _job_key(key, what=what, several_jobs=several_jobs), key_env)
+
+
+def _transform_jobset(jobset: dict[str, Any], *, key: str | None,
+                      replicated_jobs: list[str] | tuple[str, ...] | None,
+                      transform_pod: Any) -> None:
+    """Transform each (or each named) replicated Job's template of ``jobset``, in place."""
+    spec = jobset.get("spec")
+    jobs = spec.get("replicatedJobs") if isinstance(spec, dict) else None
+    if not isinstance(jobs, list) or not jobs:
+        raise ConfigError(f"JobSet {_name(jobset)!r} has no spec.replicatedJobs")
+    names = [j.get("name") for j in jobs]
+    if replicated_jobs is not None:
+        if isinstance(replicated_jobs, str) or not replicated_jobs:
+            raise ConfigError("replicated_jobs= is a list of replicatedJobs names (None: all)")
+        unknown = [n for n in replicated_jobs if n not in names]
+        if unknown:
+            raise ConfigError(f"replicated_jobs={unknown} are not in JobSet {_name(jobset)!r}, "
+                              f"which has {names}")
+    several = len(jobs) > 1 or any((j.get("replicas") or 1) > 1 for j in jobs)
+    for job in jobs:
+        if replicated_jobs is None or job.get("name") in replicated_jobs:
+            template = job.get("template")
+            _transform_job({"spec": template.get("spec") if isinstance(template, dict) else None},
+                           key=key,
+                           what=f"JobSet {_name(jobset)!r} replicatedJob {job.get('name')!r}",
+                           transform_pod=transform_pod, several_jobs=several,
+                           default_indexed=True)
+
+
 # -- the transform -----------------------------------------------------------------------------
 
 def with_snapshot_sidecar(
     pod: Any,
     *,
     store: str,
-    key: str,
+    key: str | None = None,
     mode: PodMode | str,
     sidecar_image: str,
     container: str | None = None,
@@ -370,10 +496,15 @@ def with_snapshot_sidecar(
     image_pull_policy: str | None = None,
     secret_name: str | None = None,
     secret_key: str = SECRET_FILE_NAME,
+    replicated_jobs: list[str] | tuple[str, ...] | None = None,
 ) -> Any:
     """A new pod whose ``container`` (default: the only one) runs under cairn.
 
     ``store``/``key``: where the step's snapshots live and which work they are (``a/b/c``).
+    A Job's or JobSet's pods get ``NAMESPACE/JOB/INDEX`` (their completion index; a NonIndexed
+    Job must run one pod, index 0); ``key=PREFIX`` makes it ``PREFIX/JOB/INDEX``, and a key
+    that uses ``$(CAIRN_K8S_COMPLETION_INDEX)`` (and, for a JobSet, ``$(CAIRN_K8S_JOB)``) is
+    taken as it is. ``replicated_jobs``: the JobSet's replicatedJobs to transform (default all).
     ``every``: the snapshot interval of ``cairn run`` (process mode; a state-mode
     Checkpointer keeps its own policy).
     ``final_snapshot_s``: the measured cost of a final snapshot; the grace becomes at least
@@ -402,7 +533,6 @@ def with_snapshot_sidecar(
                           "holds the secret file")
     staging = coerce_option(Staging, staging, "staging")
     store = _check_store(store)
-    Key.parse(key)  # raises ConfigError with the key rules
     if not isinstance(sidecar_image, str) or not sidecar_image.strip():
         raise ConfigError("sidecar_image= is empty; build containers/Dockerfile.sidecar and give "
                           "its reference (pinned by tag or digest)")
@@ -418,130 +548,154 @@ def with_snapshot_sidecar(
     cap_s = _seconds(grace_cap_s, "grace_cap_s")
     state_n = _size(state_bytes, "state_bytes")
     gpu_n = _size(gpu_memory_bytes, "gpu_memory_bytes") or 0
-    staging_n = _size(staging_bytes, "staging_bytes")
+    staging_size = _size(staging_bytes, "staging_bytes")
 
-    manifest, was_v1pod = _as_manifest(pod)
+    def transform_pod(manifest: dict[str, Any], pod_key: str,
+                      key_env: list[dict[str, Any]]) -> None:
+        """Put one pod (or pod template) under cairn, in place; ``key_env``: the variables
+        ``pod_key`` expands (the main container and the sidecar get them first)."""
+        staging_n = staging_size
+        metadata = manifest.setdefault("metadata", {})
+        spec = manifest.get("spec")
+        if not isinstance(spec, dict):
+            raise ConfigError("the pod has no spec")
+        main = _find_container(spec, container)
+        name = main.get("name")
+
+        # Idempotence is refused rather than guessed at: a second pass would wrap `cairn run` twice.
+        if any(c.get("name") == SIDECAR_NAME for c in _all_containers(spec)):
+            raise ConfigError(f"the pod already has a container named {SIDECAR_NAME!r}: it was "
+                              "transformed already")
+        if any(v.get("name") == VOLUME_NAME for v in spec.get("volumes") or []):
+            raise ConfigError(f"the pod already has a volume named {VOLUME_NAME!r}; rename it")
+        for c in _all_containers(spec):
+            if any(m.get("mountPath") == SHARED_PATH for m in c.get("volumeMounts") or []):
+                raise ConfigError(f"container {c.get('name')!r} already mounts {SHARED_PATH}")
+            if any(p.get("containerPort") == metrics_port for p in c.get("ports") or []):
+                raise ConfigError(f"container {c.get('name')!r} already uses port {metrics_port}; "
+                                  "pass another metrics_port=")
+
+        gpus = ((main.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE)
+        uses_gpu = gpus not in (None, 0, "0")
+        if mode is PodMode.PROCESS:
+            if spec.get("shareProcessNamespace"):
+                raise ConfigError("process mode needs the main container in its own PID namespace "
+                                  "(CRIU restores exact PIDs): remove shareProcessNamespace")
+            if every not in ("0", "never"):
+                from cairn.runtime.durations import parse_duration
+
+                parse_duration(every)  # raises ConfigError naming the accepted forms
+            argv = list(main.get("command") or []) + list(main.get("args") or [])
+            if not main.get("command"):
+                raise ConfigError(f"container {name!r} has no command: process mode wraps it in "
+                                  "`cairn run -- CMD`, and the image's ENTRYPOINT is not in the pod "
+                                  "spec; set command (and args) explicitly")
+            if argv[:2] == ["cairn", "run"]:
+                raise ConfigError(f"container {name!r} already runs `cairn run`; pass the bare "
+                                  "command")
+            if uses_gpu and not gpu_n:
+                raise ConfigError(f"container {name!r} asks for {gpus} {GPU_RESOURCE}: give "
+                                  "gpu_memory_bytes= (the GPU memory the job uses, all GPUs), which "
+                                  "the driver copies into host RAM before a dump")
+            if staging_n is None:
+                if state_n is None:
+                    raise ConfigError("give staging_bytes= (the staging volume's size) or "
+                                      "state_bytes= (the workload's resident memory) to size it")
+                staging_n = round_up_mib(int((state_n + gpu_n) * STAGING_HEADROOM))
+        elif staging_n is None:
+            staging_n = CHANNEL_ONLY_BYTES  # state mode: the volume carries only the channel files
+        staging_n = round_up_mib(max(staging_n, CHANNEL_ONLY_BYTES))
+
+        # Grace: at least the final snapshot plus a margin, never less than what was set.
+        current = spec.get("terminationGracePeriodSeconds")
+        grace = int(current) if current is not None else DEFAULT_GRACE_S
+        if final_s is not None:
+            needed = int(math.ceil(final_s + (margin_s or 0.0)))
+            grace = max(grace, needed)
+            if cap_s is not None and needed > cap_s:
+                warnings.warn(GraceWarning(
+                    f"the final snapshot needs {needed}s (measured {final_s:g}s + {margin_s:g}s "
+                    f"margin) but the platform gives a preempted pod {cap_s:g}s (GKE spot: "
+                    f"{GKE_SPOT_GRACE_S:g}s): on preemption the last periodic snapshot is what "
+                    f"resumes; snapshot more often (every=) or use on-demand nodes"), stacklevel=2)
+        spec["terminationGracePeriodSeconds"] = grace
+
+        # The shared volume, and what a memory-backed one costs the main container.
+        volume: dict[str, Any] = {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": format_bytes(staging_n)}}
+        if staging is Staging.MEMORY:
+            volume["emptyDir"]["medium"] = "Memory"
+        spec.setdefault("volumes", []).append(volume)
+        main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
+        if secret_name is not None:
+            if any(v.get("name") == SECRET_VOLUME_NAME for v in spec["volumes"]):
+                raise ConfigError(f"the pod already has a volume named {SECRET_VOLUME_NAME!r}")
+            spec["volumes"].append({"name": SECRET_VOLUME_NAME, "secret": {
+                "secretName": secret_name, "defaultMode": 0o440,
+                "items": [{"key": secret_key, "path": SECRET_FILE_NAME}]}})
+            main["volumeMounts"].append({"name": SECRET_VOLUME_NAME, "mountPath": SECRET_DIR,
+                                         "readOnly": True})
+            _merge_env(main, {env.SECRET_FILE.name: f"{SECRET_DIR}/{SECRET_FILE_NAME}"})
+        extra_memory = (staging_n if staging is Staging.MEMORY else 0)
+        if mode is PodMode.PROCESS:
+            extra_memory += gpu_n
+        elif state_n:
+            extra_memory += round_up_mib(int(math.ceil(state_n * STATE_STAGING_FACTOR)))
+        _add_memory(main, extra_memory)
+
+        notice_file = f"{SHARED_PATH}/{channel.NOTICE_NAME}"
+        status_file = f"{SHARED_PATH}/{channel.STATUS_NAME}"
+        if mode is PodMode.PROCESS:
+            main["command"] = ["cairn", "run", "--store", store, "--key", pod_key,
+                               "--every", every, "--grace", f"{grace}s",
+                               "--workdir", f"{SHARED_PATH}/run",
+                               "--notice-file", notice_file, "--status-file", status_file,
+                               "--", *argv]
+            main.pop("args", None)
+            # The sidecar uploads: `cairn run` only dumps into the spool (ADR 0014).
+            _merge_env(main, {env.SPOOL_DIR.name: SPOOL_PATH})
+            _process_security(spec, main, metadata)
+        else:
+            _merge_env(main, {env.STORE.name: store, env.KEY.name: pod_key,
+                              env.NOTICE_FILE.name: notice_file, env.STATUS_FILE.name: status_file})
+
+        window = grace if cap_s is None else min(float(grace), cap_s)
+        sidecar = _sidecar(
+            image=sidecar_image.strip(), port=metrics_port, grace_s=grace,
+            preemption_window_s=window, on_gce=on_gce, watch_node_label=watch_node_label,
+            image_pull_policy=image_pull_policy,
+            upload_to=(store, pod_key) if mode is PodMode.PROCESS else None)
+        if mode is PodMode.PROCESS:
+            _uploader_access(main, sidecar, store)
+        _share_volume_group(spec)
+        spec.setdefault("initContainers", []).insert(0, sidecar)
+        if avoid_maintenance:
+            _avoid_maintenance(spec)
+        if key_env:
+            _prepend_env(main, key_env)
+            _prepend_env(sidecar, key_env)
+
+    manifest, model = _as_manifest(pod)
     kind = manifest.get("kind")
-    if kind not in (None, "Pod"):
-        raise ConfigError(f"with_snapshot_sidecar transforms a Pod, not a {kind}: pass the pod "
-                          "template as {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': ..., "
-                          "'spec': template['spec']}")
-    metadata = manifest.setdefault("metadata", {})
-    spec = manifest.get("spec")
-    if not isinstance(spec, dict):
-        raise ConfigError("the pod has no spec")
-    main = _find_container(spec, container)
-    name = main.get("name")
-
-    # Idempotence is refused rather than guessed at: a second pass would wrap `cairn run` twice.
-    if any(c.get("name") == SIDECAR_NAME for c in _all_containers(spec)):
-        raise ConfigError(f"the pod already has a container named {SIDECAR_NAME!r}: it was "
-                          "transformed already")
-    if any(v.get("name") == VOLUME_NAME for v in spec.get("volumes") or []):
-        raise ConfigError(f"the pod already has a volume named {VOLUME_NAME!r}; rename it")
-    for c in _all_containers(spec):
-        if any(m.get("mountPath") == SHARED_PATH for m in c.get("volumeMounts") or []):
-            raise ConfigError(f"container {c.get('name')!r} already mounts {SHARED_PATH}")
-        if any(p.get("containerPort") == metrics_port for p in c.get("ports") or []):
-            raise ConfigError(f"container {c.get('name')!r} already uses port {metrics_port}; "
-                              "pass another metrics_port=")
-
-    gpus = ((main.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE)
-    uses_gpu = gpus not in (None, 0, "0")
-    if mode is PodMode.PROCESS:
-        if spec.get("shareProcessNamespace"):
-            raise ConfigError("process mode needs the main container in its own PID namespace "
-                              "(CRIU restores exact PIDs): remove shareProcessNamespace")
-        if every not in ("0", "never"):
-            from cairn.runtime.durations import parse_duration
-
-            parse_duration(every)  # raises ConfigError naming the accepted forms
-        argv = list(main.get("command") or []) + list(main.get("args") or [])
-        if not main.get("command"):
-            raise ConfigError(f"container {name!r} has no command: process mode wraps it in "
-                              "`cairn run -- CMD`, and the image's ENTRYPOINT is not in the pod "
-                              "spec; set command (and args) explicitly")
-        if argv[:2] == ["cairn", "run"]:
-            raise ConfigError(f"container {name!r} already runs `cairn run`; pass the bare "
-                              "command")
-        if uses_gpu and not gpu_n:
-            raise ConfigError(f"container {name!r} asks for {gpus} {GPU_RESOURCE}: give "
-                              "gpu_memory_bytes= (the GPU memory the job uses, all GPUs), which "
-                              "the driver copies into host RAM before a dump")
-        if staging_n is None:
-            if state_n is None:
-                raise ConfigError("give staging_bytes= (the staging volume's size) or "
-                                  "state_bytes= (the workload's resident memory) to size it")
-            staging_n = round_up_mib(int((state_n + gpu_n) * STAGING_HEADROOM))
-    elif staging_n is None:
-        staging_n = CHANNEL_ONLY_BYTES  # state mode: the volume carries only the channel files
-    staging_n = round_up_mib(max(staging_n, CHANNEL_ONLY_BYTES))
-
-    # Grace: at least the final snapshot plus a margin, never less than what was set.
-    current = spec.get("terminationGracePeriodSeconds")
-    grace = int(current) if current is not None else DEFAULT_GRACE_S
-    if final_s is not None:
-        needed = int(math.ceil(final_s + (margin_s or 0.0)))
-        grace = max(grace, needed)
-        if cap_s is not None and needed > cap_s:
-            warnings.warn(GraceWarning(
-                f"the final snapshot needs {needed}s (measured {final_s:g}s + {margin_s:g}s "
-                f"margin) but the platform gives a preempted pod {cap_s:g}s (GKE spot: "
-                f"{GKE_SPOT_GRACE_S:g}s): on preemption the last periodic snapshot is what "
-                f"resumes; snapshot more often (every=) or use on-demand nodes"), stacklevel=2)
-    spec["terminationGracePeriodSeconds"] = grace
-
-    # The shared volume, and what a memory-backed one costs the main container.
-    volume: dict[str, Any] = {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": format_bytes(staging_n)}}
-    if staging is Staging.MEMORY:
-        volume["emptyDir"]["medium"] = "Memory"
-    spec.setdefault("volumes", []).append(volume)
-    main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
-    if secret_name is not None:
-        if any(v.get("name") == SECRET_VOLUME_NAME for v in spec["volumes"]):
-            raise ConfigError(f"the pod already has a volume named {SECRET_VOLUME_NAME!r}")
-        spec["volumes"].append({"name": SECRET_VOLUME_NAME, "secret": {
-            "secretName": secret_name, "defaultMode": 0o440,
-            "items": [{"key": secret_key, "path": SECRET_FILE_NAME}]}})
-        main["volumeMounts"].append({"name": SECRET_VOLUME_NAME, "mountPath": SECRET_DIR,
-                                     "readOnly": True})
-        _merge_env(main, {env.SECRET_FILE.name: f"{SECRET_DIR}/{SECRET_FILE_NAME}"})
-    extra_memory = (staging_n if staging is Staging.MEMORY else 0)
-    if mode is PodMode.PROCESS:
-        extra_memory += gpu_n
-    elif state_n:
-        extra_memory += round_up_mib(int(math.ceil(state_n * STATE_STAGING_FACTOR)))
-    _add_memory(main, extra_memory)
-
-    notice_file = f"{SHARED_PATH}/{channel.NOTICE_NAME}"
-    status_file = f"{SHARED_PATH}/{channel.STATUS_NAME}"
-    if mode is PodMode.PROCESS:
-        main["command"] = ["cairn", "run", "--store", store, "--key", key,
-                           "--every", every, "--grace", f"{grace}s",
-                           "--workdir", f"{SHARED_PATH}/run",
-                           "--notice-file", notice_file, "--status-file", status_file,
-                           "--", *argv]
-        main.pop("args", None)
-        # The sidecar uploads: `cairn run` only dumps into the spool (ADR 0014).
-        _merge_env(main, {env.SPOOL_DIR.name: SPOOL_PATH})
-        _process_security(spec, main, metadata)
+    if kind in (None, "Pod"):
+        if key is None:
+            raise ConfigError("key= is required for a Pod (a Job's or JobSet's pods get one "
+                              "from their namespace, Job and completion index)")
+        Key.parse(key)  # raises ConfigError with the key rules
+        transform_pod(manifest, key, [])
+    elif kind == "Job":
+        _check_api_version(manifest, JOB_API_VERSION)
+        _transform_job(manifest, key=key, what=f"Job {_name(manifest)!r}",
+                       transform_pod=transform_pod, several_jobs=False)
+    elif kind == "JobSet":
+        _check_api_version(manifest, JOBSET_API_VERSION)
+        _transform_jobset(manifest, key=key, replicated_jobs=replicated_jobs,
+                          transform_pod=transform_pod)
     else:
-        _merge_env(main, {env.STORE.name: store, env.KEY.name: key,
-                          env.NOTICE_FILE.name: notice_file, env.STATUS_FILE.name: status_file})
-
-    window = grace if cap_s is None else min(float(grace), cap_s)
-    sidecar = _sidecar(
-        image=sidecar_image.strip(), port=metrics_port, grace_s=grace,
-        preemption_window_s=window, on_gce=on_gce, watch_node_label=watch_node_label,
-        image_pull_policy=image_pull_policy,
-        upload_to=(store, key) if mode is PodMode.PROCESS else None)
-    if mode is PodMode.PROCESS:
-        _uploader_access(main, sidecar, store)
-    _share_volume_group(spec)
-    spec.setdefault("initContainers", []).insert(0, sidecar)
-    if avoid_maintenance:
-        _avoid_maintenance(spec)
-    return to_v1pod(manifest) if was_v1pod else manifest
+        raise ConfigError(f"with_snapshot_sidecar transforms a Pod, a Job ({JOB_API_VERSION}) "
+                          f"or a JobSet ({JOBSET_API_VERSION}), not a {kind}: for another "
+                          "workload, pass its pod template as {'apiVersion': 'v1', 'kind': "
+                          "'Pod', 'metadata': ..., 'spec': template['spec']}")
+    return _to_model(manifest, model) if model else manifest
 
 
 def node_reader_rbac(*, service_account: str, namespace: str,
