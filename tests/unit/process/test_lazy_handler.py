@@ -272,3 +272,15 @@ def test_lazy_segments_are_cut_at_the_dumped_vma_bounds(restore: Restore) -> Non
         (restore.region, half, restore.region), (half, restore.region + SIZE, half)]
     assert not restore.index.lazy_segments(PID + 1)
     restore.finish()
+
+
+def test_a_restore_that_hangs_up_before_finishing_is_a_failure(restore: Restore) -> None:
+    restore.criu.close()  # CRIU died mid-restore: no LAZY_PAGES_RESTORE_FINISHED
+    for _ in range(600):
+        if restore.failures:
+            break
+        restore.handler.done.wait(0.1)
+    assert len(restore.failures) == 1 and "before the restore finished" in \
+        str(restore.failures[0]), restore.failures
+    assert not restore.handler.done.is_set(), "the userfaultfd stays open until stop()"
+    assert restore.handler.stats.background_bytes == 0
