@@ -24,11 +24,13 @@ kept). The trigger looks at the store every ``resume_poll`` (default ``$CAIRN_SU
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cairn.exceptions import ConfigError
+from cairn.runtime.env import SECRET_FILE
 from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,9 @@ class SuspendDeferral:
         self.defer(  # type: ignore[attr-defined]
             trigger=CairnResumeTrigger(store_url=store_url, key=str(key), epoch=ask.epoch,
                                        resume_after=after, poll_seconds=poll,
-                                       not_before=not_before),
+                                       not_before=not_before,
+                                       secret_file=SECRET_FILE.get({**os.environ,
+                                                                    **(env or {})}) or None),
             method_name=RESUME_METHOD, timeout=timeout)
 
     def resume_suspended(self, context: Any, event: dict[str, Any] | None = None) -> Any:

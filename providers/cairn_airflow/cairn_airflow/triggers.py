@@ -22,13 +22,15 @@ already queued under the same try number while the scheduler reads the deferred 
 "finished" event (see :data:`cairn_airflow.resume.MIN_RESCHEDULE_DELAY`).
 
 A store that cannot be read is logged (once per outage) and polled again: an outage never
-fires the trigger. For ``gs://`` stores the triggerer uses its own default credentials.
+fires the trigger. For ``gs://`` stores the triggerer uses its own default credentials; an
+encrypted store opens with the ``secret_file`` the task's connection named.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,13 +44,20 @@ log = logging.getLogger(__name__)
 CLASSPATH = "cairn_airflow.triggers.CairnResumeTrigger"
 
 
-def look(store_url: str, key: str, epoch: int) -> dict[str, Any] | None:
+def look(store_url: str, key: str, epoch: int, *,
+         secret_file: str | None = None) -> dict[str, Any] | None:
     """The event for ``key``'s suspension of try ``epoch`` as the store has it now, or None
-    while it is still held. Blocking (reads the store); raises what the store raises."""
-    from cairn.store import Key, open_store
+    while it is still held. Blocking (reads the store, encrypted with the secret in
+    ``secret_file`` when given, else as this process's environment says); raises what the
+    store raises."""
+    from cairn.runtime.env import SECRET_FILE
+    from cairn.runtime.stores import open_store
+    from cairn.store import Key
     from cairn.store.outcomes import iso
 
-    with open_store(store_url, create=False) as store:
+    # Passed, not put in os.environ: the triggerer runs many triggers in one process.
+    environ = {**os.environ, SECRET_FILE.name: secret_file} if secret_file else None
+    with open_store(store_url, create=False, environ=environ) as store:
         current = store.suspension(Key.parse(key))
     if current is None:
         return {"status": "released", "epoch": epoch,
@@ -71,11 +80,14 @@ class CairnResumeTrigger(BaseTrigger):
         without a resume request (None: only on request).
     :param poll_seconds: time between two looks at the store (> 0).
     :param not_before: seconds since the Unix epoch before which it does not fire.
+    :param secret_file: an encrypted store's secret file (a path, never the secret: trigger
+        arguments are stored in the metadata DB), as the task's connection named it; it must
+        exist on the triggerer's host too (a mounted secret, or the same host).
     """
 
     def __init__(self, *, store_url: str, key: str, epoch: int,
                  resume_after: float | None = None, poll_seconds: float = 5.0,
-                 not_before: float | None = None) -> None:
+                 not_before: float | None = None, secret_file: str | None = None) -> None:
         super().__init__()
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
             raise ConfigError(f"epoch must be a try's epoch (an integer >= 1), got {epoch!r}")
@@ -87,11 +99,13 @@ class CairnResumeTrigger(BaseTrigger):
         self.resume_after = None if resume_after is None else float(resume_after)
         self.poll_seconds = float(poll_seconds)
         self.not_before = None if not_before is None else float(not_before)
+        self.secret_file = secret_file
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"store_url": self.store_url, "key": self.key, "epoch": self.epoch,
                            "resume_after": self.resume_after,
-                           "poll_seconds": self.poll_seconds, "not_before": self.not_before}
+                           "poll_seconds": self.poll_seconds, "not_before": self.not_before,
+                           "secret_file": self.secret_file}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         async for event in self._wait():
@@ -104,7 +118,8 @@ class CairnResumeTrigger(BaseTrigger):
         failing = False
         while True:
             try:
-                event = await asyncio.to_thread(look, self.store_url, self.key, self.epoch)
+                event = await asyncio.to_thread(look, self.store_url, self.key, self.epoch,
+                                                secret_file=self.secret_file)
                 failing = False
             except Exception as e:  # noqa: BLE001 - an outage must not fire the trigger
                 if not failing:

@@ -539,7 +539,7 @@ def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(
     kwargs = deferred.trigger.serialize()[1]
     assert kwargs.pop("not_before") > time.time() + 10  # clear of the scheduler's event read
     assert kwargs == {"store_url": store_url, "key": tried["key"], "epoch": tried["epoch"],
-                      "resume_after": None, "poll_seconds": 2.0}
+                      "resume_after": None, "poll_seconds": 2.0, "secret_file": None}
     assert ("DELETE", "/api/v1/namespaces/training/pods/train-abc") in seen
 
 

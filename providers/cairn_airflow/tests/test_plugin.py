@@ -232,3 +232,19 @@ def test_loading_the_plugin_and_building_its_app_imports_no_torch_or_criu() -> N
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_page_opens_an_encrypted_store_with_its_connections_secret(tmp_path: Path) -> None:
+    from cairn.runtime.env import SECRET_FILE
+    from cairn.store import SecretError, load_secret_file, open_store, write_secret_file
+    from cairn_airflow.hooks import StoreConfig
+    from cairn_airflow.plugins.app import open_config_store
+
+    path = str(tmp_path / "store.secret")
+    write_secret_file(path)
+    url = str(tmp_path / "store")
+    open_store(url, secret=load_secret_file(path)).close()
+    with pytest.raises(SecretError):
+        open_config_store(StoreConfig(url=url))
+    with open_config_store(StoreConfig(url=url, env={SECRET_FILE.name: path})) as store:
+        assert store.keys() == []

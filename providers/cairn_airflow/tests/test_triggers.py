@@ -17,9 +17,9 @@ from cairn_airflow.triggers import CairnResumeTrigger, look
 KEY = Key(("dag", "train", "manual__1", "-1"))
 
 
-def suspended_try(url: str) -> int:
+def suspended_try(url: str, *, secret: object = None) -> int:
     """One try of KEY with a snapshot, suspended on request; returns its epoch."""
-    with open_store(url) as store:
+    with open_store(url, secret=secret) as store:
         attempt = store.open_attempt(KEY, note={"mode": "state"})
         with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
             snap.add_bytes("state.bin", b"x")
@@ -42,7 +42,8 @@ def test_it_serializes_to_its_classpath_and_kwargs(tmp_path: Path) -> None:
     again = getattr(importlib.import_module(module), name)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
     assert kwargs == {"store_url": str(tmp_path), "key": str(KEY), "epoch": 3,
-                      "resume_after": 1.5e9, "poll_seconds": 0.5, "not_before": 1.4e9}
+                      "resume_after": 1.5e9, "poll_seconds": 0.5, "not_before": 1.4e9,
+                      "secret_file": None}
 
 
 @pytest.mark.parametrize("bad", [{"epoch": 0}, {"epoch": True}, {"poll_seconds": 0}])
@@ -101,6 +102,21 @@ def test_it_does_not_fire_before_not_before(tmp_path: Path) -> None:
                                  not_before=not_before)
     payload = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=30))
     assert time.time() >= not_before and payload["status"] == "resumed"
+
+
+def test_an_encrypted_store_is_read_with_the_secret_file_it_is_given(tmp_path: Path) -> None:
+    from cairn.store import SecretError, load_secret_file, write_secret_file
+
+    path = str(tmp_path / "store.secret")
+    write_secret_file(path)
+    url = str(tmp_path / "store")
+    epoch = suspended_try(url, secret=load_secret_file(path))
+    with pytest.raises(SecretError):
+        look(url, str(KEY), epoch)
+    assert look(url, str(KEY), epoch, secret_file=path) is None  # read, and still held
+    with open_store(url, secret=load_secret_file(path)) as store:
+        store.request_resume(KEY, by="operator")
+    assert look(url, str(KEY), epoch, secret_file=path)["status"] == "resumed"
 
 
 def test_a_discarded_key_releases_the_wait(tmp_path: Path) -> None:

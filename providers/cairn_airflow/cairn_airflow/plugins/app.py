@@ -144,6 +144,16 @@ def _store_config(conn_id: str) -> Any:
     return store_config_from_connection(conn)
 
 
+def open_config_store(config: Any) -> Any:
+    """The existing store a connection names, opened with its secret when it gives one (an
+    encrypted store), passed rather than set in the api-server's environment."""
+    import os
+
+    from cairn.runtime.stores import open_store
+
+    return open_store(config.url, create=False, environ={**os.environ, **config.env})
+
+
 def task_conn_id(session: Any, dag_id: str, task_id: str) -> str:
     """The ``cairn`` connection the task itself uses, from its serialized DAG (``cairn_conn_id``
     when the operator serialized it, else ``cairn_default``). HTTPException 404 for a DAG or
@@ -213,7 +223,6 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
           conn_id: str, session: Any = None) -> Any:
     """The :class:`~cairn_airflow.plugins.report.TaskReport` of one task instance."""
     from cairn.exceptions import CairnError
-    from cairn.store import open_store
     from cairn_airflow.operators import task_key
     from cairn_airflow.plugins.report import TaskReport, build_report
 
@@ -228,7 +237,7 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
         raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
                             ) from None
     try:
-        store = open_store(config.url, create=False)
+        store = open_config_store(config)
     except CairnError as e:  # no store yet: nothing was ever snapshotted there
         return TaskReport(key=str(key), store=label, state="no records",
                           notes=(str(e).replace(config.url, label),))
@@ -244,14 +253,13 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
 def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str) -> Any:
     """Forget the task instance's snapshots; returns (key, number removed)."""
     from cairn.exceptions import CairnError
-    from cairn.store import open_store
     from cairn_airflow.operators import task_key
 
     key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
                                           map_index=map_index)})
     try:
         config = _store_config(conn_id)
-        with open_store(config.url, create=False) as store:
+        with open_config_store(config) as store:
             if not store.history(key):
                 raise HTTPException(404, f"key {key} has no records in connection {conn_id}")
             return key, store.remove(key)
@@ -289,7 +297,6 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
     request and the suspension as JSON. HTTPException 404 (unknown key or store) or 409 (not
     running, done, not suspended), and then nothing was written."""
     from cairn.exceptions import CairnError, ConfigError, NotFound
-    from cairn.store import open_store
     from cairn_airflow.operators import task_key
 
     key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
@@ -301,7 +308,7 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
         raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
                             ) from None
     try:
-        with open_store(config.url, create=False) as store:
+        with open_config_store(config) as store:
             if kind is RequestKind.SUSPEND:
                 made = store.request_suspend(key, by=by, reason=reason)
             else:
