@@ -6,6 +6,10 @@ file on the shared volume (:mod:`cairn.runtime.channel`), and serves ``/readyz``
 from the status file the supervisor writes there. The supervisor decides, by its measured
 snapshot cost and the notice's deadline, whether a final snapshot fits.
 
+With ``--owner-job`` it answers the supervisor's SIGTERM with whether the pod's Job was suspended
+(a Kueue eviction: the try ends ``suspended``) or not (a drain: ``preempted``); see
+:mod:`cairn.k8s.jobs`.
+
 With ``--upload`` it also commits the dumps the supervisor spools on that volume
 (:mod:`cairn.k8s.uploader`), and on SIGTERM keeps uploading until the spool is empty or its
 window (``--sigterm-window``) runs out.
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from cairn.exceptions import ConfigError
 from cairn.k8s import metrics
 from cairn.runtime import channel
+from cairn.k8s.jobs import CauseResponder, JobSettings
 from cairn.k8s.uploader import Uploader, UploadSettings
 from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
 from cairn.runtime.wakeup import Wakeup
@@ -40,6 +45,7 @@ class SidecarSettings:
     node: NodeSettings | None = None  # None: the maintenance label is not watched
     sigterm_window_s: float = 30.0  # the deadline a SIGTERM notice carries (the pod's grace)
     upload: UploadSettings | None = None  # None: the supervisor writes to the store itself
+    job: JobSettings | None = None  # the owner Job whose spec.suspend tells Kueue from a drain
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.shared_dir):
@@ -75,6 +81,8 @@ class Sidecar:
             self.watchers.append(NodeLabelWatcher(settings.node, self.notify))
         self._server: http.server.ThreadingHTTPServer | None = None
         self.uploader = Uploader(settings.upload) if settings.upload is not None else None
+        self.responder = (CauseResponder(settings.job, settings.shared_dir)
+                          if settings.job is not None else None)
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -173,6 +181,9 @@ class Sidecar:
             watcher.start()
         if self.uploader is not None:
             self.uploader.start()
+        if self.responder is not None:
+            self.responder.announce()
+            self.responder.start()
         log.warning("watching %s; metrics on port %d; shared %s",
                     ", ".join(w.name for w in self.watchers) or "SIGTERM only", self.port,
                     self.settings.shared_dir)
@@ -200,6 +211,8 @@ class Sidecar:
             watcher.stop()
         if self.uploader is not None:
             self.uploader.stop()
+        if self.responder is not None:
+            self.responder.stop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

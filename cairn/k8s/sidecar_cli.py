@@ -13,7 +13,8 @@ EPILOG = """The sidecar never checkpoints: it tells the supervisor (`cairn run -
 through DIR/notice.json and serves DIR/status.json as metrics. With --upload it commits the dumps
 `cairn run --spool DIR/spool` hands it, and on SIGTERM keeps uploading until the spool is empty
 or --sigterm-window runs out. --watch-node-label needs a service account bound to a ClusterRole
-with get on nodes, and NODE_NAME from the downward API (docs/kubernetes.md). Exit codes: 0
+with get on nodes, and NODE_NAME from the downward API; --owner-job a Role with get on jobs
+(docs/kubernetes.md). Exit codes: 0
 stopped by SIGTERM/SIGINT, 2 bad usage."""
 
 
@@ -45,6 +46,9 @@ def add_sidecar_parser(sub: Any) -> None:
                    help="notify this long before the labelled maintenance time (default 10m)")
     p.add_argument("--sigterm-window", default="30s", metavar="DURATION",
                    help="deadline a notice from this container's SIGTERM carries (default 30s)")
+    p.add_argument("--owner-job", default=None, metavar="NAMESPACE/JOB",
+                   help="answer the supervisor's SIGTERM with whether this Job is suspended "
+                        "(Kueue eviction → suspended, else preempted); needs get on jobs")
     p.add_argument("--upload", action="store_true",
                    help="commit the snapshots `cairn run --spool` hands over (process mode)")
     p.add_argument("--spool", default=None, metavar="DIR",
@@ -84,8 +88,15 @@ def _settings(args: argparse.Namespace) -> Any:
                                 store=args.upload_store, key=args.upload_key)
     elif args.spool or args.upload_store or args.upload_key:
         raise ConfigError("--spool, --store and --key go with --upload")
+    job = None
+    if args.owner_job:
+        from cairn.k8s.jobs import JobSettings
+
+        job = JobSettings.parse(args.owner_job, api_url=args.kube_api,
+                                **({"token_file": args.kube_token_file}
+                                   if args.kube_token_file else {}))
     return SidecarSettings(shared_dir=args.shared, port=args.port, host=args.host,
-                           metadata=metadata, node=node,
+                           metadata=metadata, node=node, job=job,
                            sigterm_window_s=parse_duration(args.sigterm_window), upload=upload)
 
 

@@ -673,6 +673,8 @@ def with_snapshot_sidecar(
         if key_env:
             _prepend_env(main, key_env)
             _prepend_env(sidecar, key_env)
+            if mode is PodMode.PROCESS:  # a suspended Job ends suspended (needs job_reader_rbac)
+                sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
 
     manifest, model = _as_manifest(pod)
     kind = manifest.get("kind")
@@ -712,6 +714,27 @@ def node_reader_rbac(*, service_account: str, namespace: str,
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": f"{name}-{namespace}-{service_account}"[:253]},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account,
+                             "namespace": namespace}]}
+    return [role, binding]
+
+
+def job_reader_rbac(*, service_account: str, namespace: str,
+                    name: str = "cairn-job-reader") -> list[dict[str, Any]]:
+    """The Role and RoleBinding a process-mode Job's sidecar needs to tell a Kueue eviction from
+    a drain: ``get`` on ``jobs`` in the Job's namespace (it reads its own Job's
+    ``spec.suspend``; without the grant a suspended Job's try ends ``preempted``)."""
+    for what, value in (("service_account", service_account), ("namespace", namespace),
+                        ("name", name)):
+        if not isinstance(value, str) or not _DNS_NAME.fullmatch(value):
+            raise ConfigError(f"{what}={value!r} is not a Kubernetes name")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": f"{name}-{service_account}"[:253], "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                            "name": name},
                "subjects": [{"kind": "ServiceAccount", "name": service_account,
                              "namespace": namespace}]}

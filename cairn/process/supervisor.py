@@ -87,7 +87,7 @@ from cairn.runtime import channel, env
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
 from cairn.runtime.endings import record_exit
-from cairn.runtime.exits import ExitCode, from_wait_status
+from cairn.runtime.exits import PREEMPTED, ExitCode, from_wait_status
 from cairn.runtime.wakeup import Wakeup
 from cairn.store.hashing import digest
 
@@ -101,6 +101,7 @@ FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but a
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
 SOCKET_DIR_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")  # where a restore may make a socket's dir
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
+CAUSE_WAIT_S = 3.0  # after the final dump, how long the sidecar's answer (ADR 0028) is awaited
 
 
 class OnSuccess(str, enum.Enum):
@@ -256,6 +257,7 @@ class Supervisor:
         self._spool: SpoolClient | None = None
         self._suspend: suspend_mod.SuspendWatch | None = None
         self._suspend_detail: dict[str, Any] = {}  # the request honoured, for the outcome
+        self._cause: channel.Cause | None = None  # the sidecar's answer to our SIGTERM
         # Workload run time carried by the snapshots, so a resume can say how much it saved.
         self._runtime_base = 0.0
         self._runtime_since = time.monotonic()
@@ -372,7 +374,8 @@ class Supervisor:
             if status is not None:
                 return self._workload_ended(status)
             if self._signal is not None or self._take_notice():
-                return self._preempted()
+                asked = self._ask_cause()
+                return self._classify(self._preempted(), asked)
             if self._suspend is not None and self._suspend.poll() is not None:
                 code = self._suspended()
                 if code is not None:
@@ -1088,6 +1091,37 @@ class Supervisor:
                     "retries and resumes", name, saved.seq, ExitCode.PREEMPTED_SAVED)
         return ExitCode.PREEMPTED_SAVED
 
+    def _ask_cause(self) -> float | None:
+        """On SIGTERM in a pod whose sidecar can tell (``cause.json``), ask it why the pod is
+        stopping before the final dump, so the answer is there after it (ADR 0028)."""
+        if self._signal is None or self.settings.notice_file is None:
+            return None
+        return channel.ask_cause(os.path.dirname(os.path.abspath(self.settings.notice_file)),
+                                 signal_name=signal.Signals(self._signal).name)
+
+    def _classify(self, code: int, asked_at: float | None) -> int:
+        """A preemption whose pod's Job was suspended (a Kueue eviction) ends ``suspended``
+        (77): the final snapshot was taken as for a preemption, and the resume policy counts
+        neither as a failure."""
+        if asked_at is None or code not in PREEMPTED:
+            return code
+        assert self.settings.notice_file is not None
+        self._cause = channel.await_cause(
+            os.path.dirname(os.path.abspath(self.settings.notice_file)), asked_at,
+            timeout_s=CAUSE_WAIT_S)
+        if self._cause is None:
+            log.warning("the sidecar did not say why the pod is stopping within %.0fs; exiting "
+                        "%d (preempted)", CAUSE_WAIT_S, code)
+            return code
+        if not self._cause.suspended:
+            log.warning("%s; exiting %d (preempted)", self._cause.reason, code)
+            return code
+        log.warning("%s: exiting %d (suspended, %s), not %d; it resumes when the Job is "
+                    "readmitted", self._cause.reason, ExitCode.SUSPENDED,
+                    "final snapshot taken" if code == ExitCode.PREEMPTED_SAVED
+                    else "the previous snapshot kept", code)
+        return ExitCode.SUSPENDED
+
     def _final_upload(self, entry: str, budget_end: float, name: str) -> spool_mod.Result | None:
         """The budget covered the final dump ``entry``; the upload goes on in the sidecar,
         which outlives this container. Wait for it while the budget lasts, to report how it
@@ -1163,6 +1197,8 @@ class Supervisor:
             detail["spooled"] = self._status.spooled
         if self._suspend_detail:
             detail["suspend"] = self._suspend_detail
+        if self._cause is not None:
+            detail["cause"] = {"suspended": self._cause.suspended, "reason": self._cause.reason}
         record_exit(self._store, self.key, epoch=self._attempt.epoch,
                     code=None if code is None else int(code), started_at=self._status.started_at,
                     maintenance=self._notice is not None and "maintenance" in self._notice.source,

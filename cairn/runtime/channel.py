@@ -9,6 +9,13 @@ they talk through two small JSON files on the pod's shared ``emptyDir``:
   restarted supervisor in the same pod does not act on it again.
 * ``status.json``, written by the supervisor after each snapshot: the counters the sidecar
   serves as Prometheus metrics.
+* ``cause.json`` and ``terminating.json`` (ADR 0028): why the pod is being stopped. A native
+  sidecar gets its SIGTERM only after the main container has exited, so it cannot tell the
+  supervisor on its own: a sidecar that can find out (``cairn sidecar --owner-job``: its Job's
+  ``spec.suspend``) writes an unanswered :class:`Cause` at start; a supervisor that gets SIGTERM
+  and finds one asks (``terminating.json``, :func:`ask_cause`), takes its final snapshot, and
+  reads the answer (:func:`await_cause`). Without either file a SIGTERM is a preemption, as
+  before.
 
 Both are written to a temporary name in the same directory and renamed over the target, so a
 reader sees the old or the new file, never half of one. Stdlib only: the supervisor imports it.
@@ -30,6 +37,8 @@ CHANNEL_VERSION = 1
 NOTICE_NAME = "notice.json"
 TAKEN_NAME = "notice.taken.json"
 STATUS_NAME = "status.json"
+CAUSE_NAME = "cause.json"
+TERMINATING_NAME = "terminating.json"
 
 
 def write_json_atomic(path: str, doc: dict[str, Any]) -> None:
@@ -160,3 +169,79 @@ def write_status(path: str, status: Status) -> None:
 def read_status(path: str) -> Status | None:
     doc = _read_json(path)
     return None if doc is None else Status.from_json(doc)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The sidecar's answer to the supervisor's SIGTERM (``asked_at`` echoes the ask; None: none
+    yet, the sidecar only says it can answer). ``suspended``: the pod's Job was suspended (Kueue
+    evicts a workload so), and the try ends ``suspended`` rather than ``preempted``."""
+
+    suspended: bool
+    reason: str
+    asked_at: float | None = None
+    checked_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": CHANNEL_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Cause:
+        try:
+            asked = doc.get("asked_at")
+            return cls(suspended=doc["suspended"] is True, reason=str(doc["reason"]),
+                       asked_at=None if asked is None else float(asked),
+                       checked_at=float(doc.get("checked_at", 0.0)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"malformed cause ({e!r}): {doc}") from None
+
+
+def write_cause(directory: str, cause: Cause) -> None:
+    write_json_atomic(os.path.join(directory, CAUSE_NAME), cause.to_json())
+
+
+def read_cause(directory: str) -> Cause | None:
+    doc = _read_json(os.path.join(directory, CAUSE_NAME))
+    return None if doc is None else Cause.from_json(doc)
+
+
+def ask_cause(directory: str, *, signal_name: str) -> float | None:
+    """Ask the sidecar why the pod is being stopped, if it said it can answer: the ask's time
+    (to match the answer), or None when no sidecar answers here. Best effort: never raises."""
+    try:
+        if read_cause(directory) is None:
+            return None
+        asked_at = time.time()
+        write_json_atomic(os.path.join(directory, TERMINATING_NAME),
+                          {"version": CHANNEL_VERSION, "signal": signal_name, "at": asked_at})
+        return asked_at
+    except (ConfigError, OSError):
+        return None
+
+
+def read_ask(directory: str) -> float | None:
+    """When the supervisor asked (for the sidecar); None when it has not."""
+    doc = _read_json(os.path.join(directory, TERMINATING_NAME))
+    if doc is None:
+        return None
+    try:
+        return float(doc["at"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"malformed {TERMINATING_NAME}: {doc}") from None
+
+
+def await_cause(directory: str, asked_at: float, *, timeout_s: float,
+                poll_s: float = 0.05) -> Cause | None:
+    """The sidecar's answer to the ask made at ``asked_at``, waiting at most ``timeout_s``;
+    None when none came (or it cannot be read)."""
+    end = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        try:
+            cause = read_cause(directory)
+        except ConfigError:
+            cause = None
+        if cause is not None and cause.asked_at == asked_at:
+            return cause
+        if time.monotonic() >= end:
+            return None
+        time.sleep(poll_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import re
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -87,11 +88,16 @@ class FakeMetadataServer:
 
 @dataclass
 class FakeKubernetesAPI:
-    """``GET /api/v1/nodes/{name}`` with bearer-token auth (401 without, 403 for another
-    token), answering the Node's metadata. Labels are changed with :meth:`label`."""
+    """``GET /api/v1/nodes/{name}`` and ``GET /apis/batch/v1/namespaces/{ns}/jobs/{name}`` with
+    bearer-token auth (401 without, 403 for another token, or for a resource in
+    ``forbidden``: a service account without that RBAC grant), answering the Node's metadata or
+    the Job's ``spec.suspend``. Labels are changed with :meth:`label`, Jobs through ``jobs``
+    (``(namespace, name) -> suspend``)."""
 
     token: str = "fake-token"
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], bool] = field(default_factory=dict)
+    forbidden: set[str] = field(default_factory=set)
     requests: list[Request] = field(default_factory=list)
     url: str = ""
 
@@ -109,6 +115,19 @@ class FakeKubernetesAPI:
             return 401, json.dumps({"kind": "Status", "code": 401, "reason": "Unauthorized"}), ""
         if auth != f"Bearer {self.token}":
             return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"}), ""
+        job = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
+        if job is not None:
+            if "jobs" in self.forbidden:
+                return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
+                                        "message": 'jobs.batch is forbidden: User "system:'
+                                        'serviceaccount:ml:default" cannot get resource "jobs"'}), ""
+            ns, name = (urllib.parse.unquote(g) for g in job.groups())
+            if (ns, name) not in self.jobs:
+                return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
+            return 200, json.dumps({"apiVersion": "batch/v1", "kind": "Job",
+                                    "metadata": {"name": name, "namespace": ns},
+                                    "spec": {"suspend": self.jobs[(ns, name)],
+                                             "completionMode": "Indexed"}}), ""
         prefix = "/api/v1/nodes/"
         name = urllib.parse.unquote(path[len(prefix):]) if path.startswith(prefix) else ""
         if name not in self.nodes:

@@ -1,0 +1,163 @@
+"""Kueue eviction vs node drain, with the pod's containers as real processes (``cairn sidecar``
+and ``cairn run`` sharing a directory, as the transformed Job pod's containers share their
+volume) and a FAKE Kubernetes API server (none can run here) serving the owner Job.
+
+Kueue evicts by setting the Job's ``spec.suspend: true``, then the pod gets SIGTERM as in a
+drain; on SIGTERM ``cairn run`` asks the sidecar (``terminating.json``), which reads the Job
+and answers (``cause.json``): suspended → exit 77 and the ``suspended`` outcome after the final
+snapshot, and the readmitted Job's pod resumes from it; not suspended, or no RBAC grant (403)
+→ exit 75 and ``preempted``, with the reason logged and recorded."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn.runtime import channel
+from cairn.store import Key, open_store
+from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
+from tests.integration.k8s.test_sidecar import SidecarProcess
+from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
+
+JOB = ("ml", "train")
+
+
+@pytest.fixture()
+def fake_api(tmp_path: Path) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
+    api = FakeKubernetesAPI()
+    api.jobs[JOB] = False
+    token = tmp_path / "token"
+    token.write_text(api.token)
+    with serve(api):
+        yield api, token
+
+
+def _sidecar(tmp_path: Path, api: FakeKubernetesAPI, token: Path) -> tuple[SidecarProcess, Path]:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    sidecar = SidecarProcess(shared, tmp_path / "logs", "--no-metadata", "--owner-job",
+                             "/".join(JOB), "--kube-api", api.url, "--kube-token-file",
+                             str(token))
+    wait_for(lambda: (shared / channel.CAUSE_NAME).exists(), 30, "the sidecar's announcement")
+    return sidecar, shared
+
+
+def _job_gets(api: FakeKubernetesAPI) -> int:
+    return sum(1 for r in api.requests if r.path == "/apis/batch/v1/namespaces/ml/jobs/train")
+
+
+@pytest.mark.parametrize("case", ["suspended", "running", "forbidden"])
+def test_the_sidecar_answers_an_ask_with_the_jobs_suspend(
+        tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path], case: str) -> None:
+    """The protocol alone (no CRIU): the ask is what ``cairn run`` writes on SIGTERM."""
+    api, token = fake_api
+    api.jobs[JOB] = case == "suspended"
+    if case == "forbidden":
+        api.forbidden.add("jobs")
+    sidecar, shared = _sidecar(tmp_path, api, token)
+    try:
+        announced = channel.read_cause(str(shared))
+        assert announced is not None and announced.asked_at is None
+        assert _job_gets(api) == 0  # nothing is read while the step runs
+        asked = channel.ask_cause(str(shared), signal_name="SIGTERM")
+        assert asked is not None
+        cause = channel.await_cause(str(shared), asked, timeout_s=30)
+        assert cause is not None and cause.suspended is (case == "suspended")
+        assert _job_gets(api) == 1
+        if case == "forbidden":
+            assert "the API server answered 403" in cause.reason
+            assert "get on jobs (cairn.k8s.job_reader_rbac" in cause.reason
+        elif case == "running":
+            assert "Job ml/train is not suspended" in cause.reason
+        else:
+            assert "Job ml/train has spec.suspend: true" in cause.reason
+        wait_for(lambda: cause.reason in sidecar.stderr, 30, "the reason in the sidecar's log")
+    finally:
+        assert sidecar.stop() == 0, sidecar.stderr
+
+
+def test_without_a_responding_sidecar_nothing_is_asked(tmp_path: Path) -> None:
+    assert channel.ask_cause(str(tmp_path), signal_name="SIGTERM") is None
+    assert not (tmp_path / channel.TERMINATING_NAME).exists()
+
+
+def _run(tmp_path: Path, shared: Path, key: str, metrics_file: Path, every: str) -> CairnRun:
+    return CairnRun(store=str(tmp_path / "store"), key=key, workdir=shared / "run",
+                    command=[sys.executable, str(COUNTER), str(metrics_file), "120", "0.05"],
+                    logs=tmp_path / "logs", every=every, grace="30s",
+                    extra=["--notice-file", str(shared / channel.NOTICE_NAME),
+                           "--status-file", str(shared / channel.STATUS_NAME)])
+
+
+def _outcome(tmp_path: Path, key: str) -> object:
+    with open_store(str(tmp_path / "store"), create=False) as store:
+        return store.outcomes(Key.parse(key))[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
+def test_a_kueue_eviction_ends_suspended_and_the_readmitted_pod_resumes(
+        tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path]) -> None:
+    api, token = fake_api
+    sidecar, shared = _sidecar(tmp_path, api, token)
+    key, metrics_file = "ml/train/0", tmp_path / "metrics.txt"
+    try:
+        first = _run(tmp_path, shared, key, metrics_file, every="0")
+        wait_for(lambda: metrics_file.exists() and len(metric_steps(metrics_file)) >= 10 or first.proc.poll() is not None,
+                 60, "the workload to step")
+        api.jobs[JOB] = True  # Kueue evicts: spec.suspend, then the Job controller deletes pods
+        first.signal(signal.SIGTERM)  # the kubelet's SIGTERM to the main container
+        assert first.wait(120) == 77, first.stderr
+        final = first.committed()[-1]
+        assert "Job ml/train has spec.suspend: true" in first.stderr
+        outcome = _outcome(tmp_path, key)
+        assert outcome.outcome.value == "suspended"
+        assert outcome.detail["cause"]["suspended"] is True
+        assert outcome.progress.snapshot_seq == final
+        done = len(metric_steps(metrics_file))
+        assert 0 < done < 120
+
+        # Kueue readmits the Job: a new pod, same key, resumes from the final snapshot (an
+        # eviction is not a suspend request, so nothing holds the key).
+        api.jobs[JOB] = False
+        second = _run(tmp_path, shared, key, metrics_file, every="0")
+        assert second.wait(120) == 0, second.stderr
+        assert f"restored snapshot seq {final}" in second.stderr
+        assert metric_steps(metrics_file) == list(range(120))  # no step lost or redone
+    finally:
+        assert sidecar.stop() == 0, sidecar.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
+@pytest.mark.parametrize("case", ["drain", "forbidden"])
+def test_a_drain_or_an_unreadable_job_ends_preempted_with_the_reason(
+        tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path], case: str) -> None:
+    api, token = fake_api
+    if case == "forbidden":
+        api.jobs[JOB] = True  # suspended, but the sidecar may not read it: taken as preempted
+        api.forbidden.add("jobs")
+    sidecar, shared = _sidecar(tmp_path, api, token)
+    key, metrics_file = "ml/train/1", tmp_path / "metrics.txt"
+    try:
+        run = _run(tmp_path, shared, key, metrics_file, every="0")
+        wait_for(lambda: metrics_file.exists() and len(metric_steps(metrics_file)) >= 5 or run.proc.poll() is not None,
+                 60, "the workload to step")
+        run.signal(signal.SIGTERM)
+        assert run.wait(120) == 75, run.stderr
+        outcome = _outcome(tmp_path, key)
+        assert outcome.outcome.value == "preempted"
+        assert outcome.progress.snapshot_seq == run.committed()[-1]
+        reason = outcome.detail["cause"]["reason"]
+        assert outcome.detail["cause"]["suspended"] is False
+        if case == "forbidden":
+            assert "answered 403" in reason and "get on jobs" in reason
+        else:
+            assert "Job ml/train is not suspended" in reason
+        assert reason in run.stderr and reason in sidecar.stderr
+    finally:
+        assert sidecar.stop() == 0, sidecar.stderr
