@@ -53,7 +53,7 @@ def look(store_url: str, key: str, epoch: int, *,
     from cairn.runtime.env import SECRET_FILE
     from cairn.runtime.stores import open_store
     from cairn.store import Key
-    from cairn.store.outcomes import iso
+    from cairn.runtime.suspend import iso  # the store's timestamp form
 
     # Passed, not put in os.environ: the triggerer runs many triggers in one process.
     environ = {**os.environ, SECRET_FILE.name: secret_file} if secret_file else None

@@ -243,8 +243,11 @@ def test_cairn_run_skips_a_crafted_snapshot_saying_why_and_starts_fresh(
                 compat=compat_mod.current_record(command, cwd=str(work), criu=CRIU),
                 user={"process": {"root_pid": 4242, "pids": [], "tracked": [
                     {"path": str(outside / "victim"), "size": 5}]}})
+    # On an unencrypted bucket root runs only with the opt-out (ADR 0025); the track roots
+    # are the line of defence this test is about.
     run = CairnRun(store=backend_url, key=key, command=command, workdir=work / "cairn",
-                   logs=tmp_path / "logs", every="10m", cwd=work)
+                   logs=tmp_path / "logs", every="10m", cwd=work,
+                   env={"CAIRN_ALLOW_UNAUTHENTICATED_RESTORE": "1"})
     assert run.wait() == 0, run.stderr
     assert f"skipping snapshot seq {crafted.seq}: seq {crafted.seq}: tracked file refused" in \
         run.stderr and "outside the track roots" in run.stderr
