@@ -227,3 +227,37 @@ def test_the_crd_check_can_fail() -> None:
         crd_schemas.validate(out)
     with pytest.raises(jsonschema.ValidationError):
         crd_schemas.validate({**_jobset(), "apiVersion": "jobset.x-k8s.io/v1alpha1"})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_process_mode_job_sidecar_reads_its_job_with_the_generated_role(
+        version: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from cairn.cli.main import build_parser
+    from cairn.k8s import job_reader_rbac
+    from cairn.k8s.sidecar_cli import _settings
+
+    role, binding = job_reader_rbac(service_account="trainer", namespace="ml")
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for doc in (role, binding):
+        kubernetes_validate.validate(doc, version, strict=True)
+    with pytest.raises(ConfigError, match="is not a Kubernetes name"):
+        job_reader_rbac(service_account="Trainer!", namespace="ml")
+
+    out = with_snapshot_sidecar(_job(), **_options("process"))
+    spec = out["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == SIDECAR_NAME)
+    argv, _ = _expand(sidecar, _pod_meta("train", 1))
+    args = build_parser().parse_args(argv[1:])
+    assert args.owner_job == "ml/train"
+    settings = _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path),
+                                               "kube_api": "https://10.0.0.1"}))
+    assert (settings.job.namespace, settings.job.name) == ("ml", "train")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="runs in a pod"):
+        _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path)}))
+    # State mode's Checkpointer does not ask the sidecar (yet): no Job read, no grant needed.
+    state = with_snapshot_sidecar(_job(), **_options("state"))
+    assert "--owner-job" not in state["spec"]["template"]["spec"]["initContainers"][0]["args"]
