@@ -57,3 +57,12 @@ def test_the_localqueue_check_can_fail() -> None:
     queue["spec"] = {"clusterQueu": "team-a-cq"}
     with pytest.raises(jsonschema.ValidationError, match="'clusterQueu' was unexpected"):
         crd_schemas.validate(queue)
+
+
+def test_the_documented_job_rbac_is_what_job_reader_rbac_returns() -> None:
+    from cairn.k8s import job_reader_rbac
+    from tests.unit.k8s.test_docs import _manifests
+
+    role, binding = job_reader_rbac(service_account="trainer", namespace="ml")
+    shown = {m["kind"]: m for m in _manifests()}
+    assert shown["Role"] == role and shown["RoleBinding"] == binding
