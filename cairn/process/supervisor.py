@@ -1106,12 +1106,15 @@ class Supervisor:
         if asked_at is None or code not in PREEMPTED:
             return code
         assert self.settings.notice_file is not None
+        # Never past the grace: a SIGKILL before the exit would leave no outcome at all.
+        left = FinalBudget(self.settings.grace_s, self._signal_at).remaining()
+        wait_s = max(0.0, min(CAUSE_WAIT_S, left - SPOOL_EXIT_MARGIN_S))
         self._cause = channel.await_cause(
             os.path.dirname(os.path.abspath(self.settings.notice_file)), asked_at,
-            timeout_s=CAUSE_WAIT_S)
+            timeout_s=wait_s)
         if self._cause is None:
-            log.warning("the sidecar did not say why the pod is stopping within %.0fs; exiting "
-                        "%d (preempted)", CAUSE_WAIT_S, code)
+            log.warning("the sidecar did not say why the pod is stopping within %.1fs; exiting "
+                        "%d (preempted)", wait_s, code)
             return code
         if not self._cause.suspended:
             log.warning("%s; exiting %d (preempted)", self._cause.reason, code)
