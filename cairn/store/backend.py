@@ -41,7 +41,8 @@ class BlobWriter(abc.ABC):
     :meth:`commit`, and leaving the block without committing discards what was written."""
 
     @abc.abstractmethod
-    def write(self, data: bytes | memoryview) -> None: ...
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``; the caller may reuse its memory as soon as this returns."""
 
     @abc.abstractmethod
     def commit(self) -> None:

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN
 from cairn.store.backend import Backend, BlobWriter
-from cairn.store.sealing import Sealer
+from cairn.store.sealing import TAG_BYTES, Sealer
 
 PACKS_PREFIX = "packs/"
 _ZEROS = bytes(DIRECT_IO_ALIGN)
@@ -35,12 +35,17 @@ class PackWriter:
     ``add`` runs on the caller's thread; at most ``max_inflight`` packs are being sealed at
     once, which bounds memory on backends that buffer a pack. :meth:`flush` returns when every
     pack written so far is durable, and raises the first sealing error.
+
+    In an encrypted store a chunk is encrypted and written on the pool while the caller goes
+    on (hashing the next chunk), one chunk at a time and in order: the bytes given to ``add``
+    must stay unchanged until the next ``add``, :meth:`settle` or :meth:`flush` returns.
     """
 
     def __init__(self, backend: Backend, *, pack_bytes: int, pool: ThreadPoolExecutor,
                  max_inflight: int, sealer: Sealer | None = None) -> None:
         self._backend = backend
         self._sealer = sealer
+        self._sealed = bytearray()  # where a chunk is sealed before it is written (reused)
         self._pack_bytes = pack_bytes
         self._pool = pool
         self._slots = threading.Semaphore(max_inflight)
@@ -51,6 +56,8 @@ class PackWriter:
         self._current_name = ""
         self._current_size = 0
         self._futures: list[Future[None]] = []
+        self._writing: Future[None] | None = None  # the chunk being encrypted and written
+        self.writes = 0  # chunks handed to the pool so far (an encrypted store)
         self.created: set[str] = set()
         self.padding_bytes = 0  # zero bytes written to align chunks, in every pack so far
 
@@ -66,21 +73,49 @@ class PackWriter:
             self._current_size = 0
             self.created.add(self._current_name)
         padding = -self._current_size % DIRECT_IO_ALIGN if len(data) >= DIRECT_IO_MIN else 0
-        if padding:
-            self._current.write(memoryview(_ZEROS)[:padding])
-            self._current_size += padding
-            self.padding_bytes += padding
-        offset = self._current_size
+        offset = self._current_size + padding
         name = self._current_name
-        if self._sealer is not None:
-            data = self._sealer.seal_extent(name, offset, data)
-        self._current.write(data)
-        self._current_size += len(data)
+        self.padding_bytes += padding
+        if self._sealer is None:
+            if padding:
+                self._current.write(memoryview(_ZEROS)[:padding])
+            self._current.write(data)
+            self._current_size = offset + len(data)
+        else:
+            self._write_sealed(self._current, name, offset, padding, data)
+            self._current_size = offset + len(data) + TAG_BYTES
         if self._current_size >= self._pack_bytes:
+            self.settle()
             self._seal()
         elif self._next is None and self._current_size >= self._pack_bytes // 2:
             self._next = self._pool.submit(self._open)
         return name, offset
+
+    def _write_sealed(self, writer: BlobWriter, name: str, offset: int, padding: int,
+                      data: memoryview | bytes) -> None:
+        sealer = self._sealer
+        assert sealer is not None
+        self.settle()  # one chunk at a time: the order in the pack, and one reused buffer
+
+        def write() -> None:
+            size = len(data) + TAG_BYTES
+            if len(self._sealed) < size:
+                self._sealed = bytearray(size)
+            sealed = memoryview(self._sealed)[:size]
+            sealer.seal_extent_into(name, offset, data, sealed)  # releases the GIL
+            if padding:
+                writer.write(memoryview(_ZEROS)[:padding])
+            writer.write(sealed)  # every backend's write copies it before returning
+
+        self._writing = self._pool.submit(write)
+        self.writes += 1
+
+    def settle(self) -> None:
+        """Wait until the chunk being encrypted and written is in its pack (the memory given
+        to the last ``add`` is free again); raises its error."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def _open(self) -> tuple[str, BlobWriter]:
         name = new_pack_name() + (self._sealer.pack_suffix() if self._sealer else "")
@@ -120,6 +155,7 @@ class PackWriter:
 
     def flush(self) -> None:
         """Seal the open pack and wait until every pack is durable."""
+        self.settle()
         self._seal()
         self._drop_next()
         futures, self._futures = self._futures, []
@@ -128,6 +164,10 @@ class PackWriter:
 
     def abort(self) -> None:
         """Discard the open pack and wait for in-flight seals (their packs become garbage)."""
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001 - aborting anyway
+            pass
         if self._current is not None:
             self._current.abort()
             self._current = None

@@ -135,9 +135,11 @@ class Sealer:
     def _nonce(offset: int) -> bytes:
         return offset.to_bytes(NONCE_BYTES, "big")
 
-    def seal_extent(self, pack: str, offset: int, plaintext: bytes | memoryview) -> bytes:
-        """``ciphertext || tag`` of an extent written at ``offset`` of ``pack``."""
-        return self._pack_aead(pack).encrypt(self._nonce(offset), plaintext, self._ad)
+    def seal_extent_into(self, pack: str, offset: int, plaintext: bytes | memoryview,
+                         out: memoryview) -> None:
+        """Write ``ciphertext || tag`` of an extent at ``offset`` of ``pack`` into ``out``
+        (exactly ``len(plaintext) + TAG_BYTES``; reused memory spares a page fault per page)."""
+        self._pack_aead(pack).encrypt_into(self._nonce(offset), plaintext, self._ad, out)
 
     def open_extent(self, pack: str, offset: int, sealed: memoryview) -> memoryview:
         """Decrypt ``sealed`` (``ciphertext || tag`` read from ``offset`` of ``pack``) in place;

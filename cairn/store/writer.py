@@ -106,6 +106,7 @@ class SnapshotWriter:
                                                                max_chunk=self._max_chunk)):
                 locator = (path, by_start[start], index) if start in by_start else None
                 chunks.append(self._add_chunk(view[start + offset:start + stop], locator))
+        self._packs.settle()  # nothing may read the caller's buffer once this returns
         return self._add_entry(path, len(view), chunks, mode)
 
     def add_stream(self, path: str, stream: IO[bytes], *, size: int | None = None,
@@ -122,8 +123,10 @@ class SnapshotWriter:
         if cuts and size is None:
             raise ConfigError("add_stream with cuts needs size= (the stream's length)")
         by_start = _by_start(path, cuts, locators)
-        buffer = bytearray(self._max_chunk)
-        view = memoryview(buffer)
+        # Two buffers, read into in turn: the pack writer may still be sealing the previous
+        # chunk (an encrypted store) while the next one is read and hashed.
+        views = [memoryview(bytearray(self._max_chunk)) for _ in range(2)]
+        busy: int | None = None  # the buffer of the chunk the pack writer may still be sealing
         chunks: list[ChunkRef] = []
         total = 0
         bounds = segments(size, cuts) if size is not None else None
@@ -143,13 +146,22 @@ class SnapshotWriter:
                 if start in by_start:
                     locator = (path, by_start[start], segment_chunk)
                 segment_chunk += 1
+            slot = len(chunks) % 2
+            if busy == slot:
+                self._packs.settle()
+                busy = None
+            view = views[slot]
             got = _read_exactly(stream, view[:want])
             if got == 0:
                 break
+            handed = self._packs.writes
             chunks.append(self._add_chunk(view[:got], locator))
+            if self._packs.writes != handed:  # handing it over settled the other buffer's
+                busy = slot
             total += got
             if got < want:
                 break
+        self._packs.settle()
         if size is not None and total != size:
             raise ConfigError(f"{path}: the stream held {total} bytes, not the {size} declared")
         return self._add_entry(path, total, chunks, mode)
