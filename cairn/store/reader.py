@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -204,6 +205,18 @@ def _make_span(pack: str, run: list[tuple[_Part, int]], tail: int = 0) -> _Span:
 SPAN_BUFFER_BYTES = MAX_READ_BYTES + 2 * DIRECT_IO_ALIGN
 
 
+_SCRATCH = threading.local()
+
+
+def _thread_scratch(length: int) -> memoryview:
+    """Page-aligned memory of at least ``length`` bytes, reused by the calling (pool) thread:
+    a fresh mapping per read would fault in every page of it."""
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or len(buffer) < length:
+        buffer = _SCRATCH.buffer = aligned_buffer(max(length, SPAN_BUFFER_BYTES))
+    return memoryview(buffer)[:length]
+
+
 def _take_buffer(free: list[bytearray], length: int) -> bytearray:
     # malloc'ed, so not page-aligned: a local streaming read keeps the page cache and its
     # readahead. Into reused buffers O_DIRECT measured no faster (ADR 0016).
@@ -277,7 +290,7 @@ class SnapshotReader:
         (an encrypted store's tags go through scratch memory first)."""
         if not self._tail:
             return self._fetch_verified(rng, target)
-        scratch = memoryview(aligned_buffer(rng.length))
+        scratch = _thread_scratch(rng.length)
         self._fetch_verified(rng, scratch)
         if rng.assemble:
             target[:rng.chunks[0].size] = scratch[:rng.chunks[0].size]
