@@ -7,7 +7,7 @@ Sections, each side timed ``--runs`` times (default 5) in rotating order:
   does not hide the CPU's cost): ``--size`` (default 1 GiB) of random data written as one
   snapshot (``add_bytes`` + ``commit``, durable on return; 1 MiB chunks), read back with the
   verified streaming read (``iter_file``) and restored with ``store.restore`` (verified,
-  fsynced), cold page cache before every side. *plain*: cairn's default store; *sealed*: the
+  fsynced); ``sync`` and a dropped page cache before every side. *plain*: cairn's default store; *sealed*: the
   same with a secret (AES-256-GCM per chunk, keyed BLAKE3 names). The floor: one file written
   in 1 MiB writes + fsync, read back in 1 MiB reads (no hashing, no verification).
 * **process image fetch**: a ``--image`` (default 512 MiB) process-like image in 32 KiB page
@@ -130,10 +130,11 @@ def store_section(where: str, parent: str, data: memoryview, runs: int) -> dict[
         dest = os.path.join(root, "restored")
         size = len(data)
         times: dict[str, dict[str, list[float]]] = {}
+        # Each side starts from a synced, dropped page cache, writes included: what an
+        # earlier side left dirty is not this side's to write back.
         times["write"] = alternate(runs, {
-            "floor": lambda: timed(lambda: floor_write(floor_path, data), cold=False),
-            **{name: (lambda s=side: timed(lambda: s.write(data), cold=False))
-               for name, side in sides.items()}})
+            "floor": lambda: timed(lambda: floor_write(floor_path, data)),
+            **{name: (lambda s=side: timed(lambda: s.write(data))) for name, side in sides.items()}})
         times["read"] = alternate(runs, {
             "floor": lambda: timed(lambda: floor_read(floor_path)),
             **{name: (lambda s=side: timed(s.read)) for name, side in sides.items()}})

@@ -286,19 +286,34 @@ class SnapshotReader:
                           digest=digest or None) from None
 
     def _fetch_to(self, rng: _Range, target: memoryview) -> int:
-        """:meth:`_fetch_verified` into ``target``, which holds exactly the chunks' plaintext
-        (an encrypted store's tags go through scratch memory first)."""
+        """:meth:`_fetch_verified` into ``target``, which holds exactly the chunks' plaintext:
+        in an encrypted store the stored extents are read into scratch memory and each is
+        decrypted straight into its place in ``target``, then checked there."""
         if not self._tail:
             return self._fetch_verified(rng, target)
         scratch = _thread_scratch(rng.length)
-        self._fetch_verified(rng, scratch)
         if rng.assemble:
+            self._fetch_verified(rng, scratch)
             target[:rng.chunks[0].size] = scratch[:rng.chunks[0].size]
             return rng.chunks[0].size
+        got = self._read_part(rng.pack, rng.offset, scratch, rng.chunks[0].digest)
         at = 0
         for chunk in rng.chunks:
+            assert isinstance(chunk, ChunkRef)
             start = chunk.offset - rng.offset
-            target[at:at + chunk.size] = scratch[start:start + chunk.size]
+            if start + chunk.size + self._tail > got:
+                raise CorruptSnapshot(f"chunk {chunk.digest} in {chunk.pack} is truncated",
+                                      seq=self.manifest.seq, digest=chunk.digest)
+            out = target[at:at + chunk.size]
+            assert self._sealer is not None
+            try:
+                self._sealer.open_extent_into(chunk.pack, chunk.offset,
+                                              scratch[start:start + chunk.size + self._tail], out)
+            except CorruptSnapshot as e:
+                raise type(e)(f"chunk {chunk.digest}: {e}", seq=self.manifest.seq,
+                              digest=chunk.digest) from None
+            if self._digest(out) != chunk.digest:
+                raise _bad_chunk(chunk, self.manifest.seq)
             at += chunk.size
         return at
 
