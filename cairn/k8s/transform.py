@@ -79,9 +79,9 @@ JOB_API_VERSION = "batch/v1"
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # on a Job's pods since Kubernetes 1.27
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # Indexed Jobs
-NAMESPACE_ENV = "CAIRN_K8S_NAMESPACE"
-JOB_ENV = "CAIRN_K8S_JOB"
-INDEX_ENV = "CAIRN_K8S_COMPLETION_INDEX"
+NAMESPACE_ENV = env.K8S_NAMESPACE.name
+JOB_ENV = env.K8S_JOB.name
+INDEX_ENV = env.K8S_COMPLETION_INDEX.name
 SIDECAR_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 # Uploading hashes and sends every dump (cairn.k8s.uploader keeps two 16 MiB packs in flight).
 UPLOADER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},

@@ -101,6 +101,15 @@ ALLOW_UNAUTHENTICATED_RESTORE = Var(
     "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE", "`1`: let `cairn run` as root restore a process "
     "snapshot from an unencrypted `gs://` store (refused otherwise: whoever can write the "
     "bucket would choose what runs as root)", "the operator", "`cairn run` (restore)")
+K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a Job pod's namespace (downward API), for its key",
+                    "the pod transform (Jobs, JobSets)", "the key's `$(VAR)` expansion")
+K8S_JOB = Var("CAIRN_K8S_JOB", "a Job pod's Job name (the `batch.kubernetes.io/job-name` "
+              "label, downward API), for its key", "the pod transform (Jobs, JobSets)",
+              "the key's `$(VAR)` expansion, the sidecar's `--owner-job`")
+K8S_COMPLETION_INDEX = Var("CAIRN_K8S_COMPLETION_INDEX", "a Job pod's completion index (its "
+                           "annotation, downward API; `0` for a one-pod NonIndexed Job), for "
+                           "its key", "the pod transform (Jobs, JobSets)",
+                           "the key's `$(VAR)` expansion")
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
 
@@ -108,7 +117,7 @@ ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NO
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, CUDA_LIBRARY,
                         NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
-                        KFP_DRY_RUN)
+                        K8S_NAMESPACE, K8S_JOB, K8S_COMPLETION_INDEX, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
 
