@@ -5,7 +5,9 @@ default 0.5, 1 and 2 GiB) the bench starts ``bench/process_workload.py``, a Pyth
 holding that many bytes of random data in private anonymous memory (nothing in it dedups),
 in its own session, with stdin ``/dev/null`` and stdout/stderr appended to log files, no
 terminal, no sockets. It is started at a high PID (``cairn.process.pids.spawn_at``, as
-``cairn run`` does) with ``PR_SET_PDEATHSIG=SIGKILL`` so it never outlives the bench.
+``cairn run`` does) with ``PR_SET_PDEATHSIG=SIGKILL`` so it never outlives the bench. With
+``CAIRN_SECRET_FILE`` set, cairn's sides use encrypted stores (ADR 0025; the output says
+which), so that two runs compare encryption off and on.
 
 Each size then goes through rounds; in every round every side dumps the same state, in
 rotating order (each side goes first in turn; the start moves from size to size):
@@ -115,7 +117,8 @@ from cairn.process import snapshot as snap_mod
 from cairn.process import staging as staging_mod
 from cairn.process import workload as workload_mod
 from cairn.process.images import PAGE_CHUNK, read_dump_stats
-from cairn.store import Key, Store, open_store
+from cairn.runtime.stores import configured_secret, open_store  # CAIRN_SECRET_FILE: encrypted
+from cairn.store import Key, Store
 from cairn.store import manifest as manifest_mod
 from cairn.store import store as store_mod
 
@@ -1086,9 +1089,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, flush=True)
 
+    encrypted = configured_secret() is not None  # cairn's stores are encrypted (ADR 0025)
     log(f"bench dir {root}; criu {criu} {'.'.join(map(str, version or ()))}; sizes "
         f"{', '.join(human(s) for s in args.sizes)}; runs {args.runs}; restore runs "
-        f"{args.restore_runs}; load {load_start}")
+        f"{args.restore_runs}; load {load_start}; cairn's store "
+        f"{'encrypted' if encrypted else 'unencrypted'}")
     cold = drop_caches()
     sizes: list[dict[str, Any]] = []
     torch_out: dict[str, Any] | None = None
@@ -1136,6 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     out = {
         **figures,
+        "encrypted_store": encrypted,
         "targets": targets,
         "restore_verified": all(s["restore_verified"] for s in sizes),
         "frozen_ratio_by_size": {s["label"]: s["frozen_ratio"] for s in sizes},
