@@ -303,21 +303,26 @@ def test_an_unique_store_id_binds_each_store(backend_url: str, secret) -> None: 
 
 
 def test_a_streamed_file_is_sealed_from_the_bytes_read_even_past_deduplicated_chunks(
-        sealed: Store, tmp_path: Path) -> None:
-    """An encrypted store seals each chunk on the pool while the next is read and hashed; a
-    chunk that dedups in between must not free the buffer still being sealed."""
-    piece = 64 << 10  # the fixture's chunk size
-    known = os.urandom(piece)
-    attempt = sealed.open_attempt(KEY)
-    with attempt.snapshot() as snap:
-        snap.add_bytes("known.bin", known)
-        snap.commit(step=1)
-    fresh = [os.urandom(piece) for _ in range(40)]
-    content = b"".join(part for f in fresh for part in (f, known))  # every other chunk dedups
-    (tmp_path / "big.bin").write_bytes(content)
-    with attempt.snapshot() as snap:
-        snap.add_file("big.bin", tmp_path / "big.bin")
-        manifest = snap.commit(step=2)
-    assert manifest.bytes_written == len(fresh) * piece
-    assert sealed.reader(manifest).read_file("big.bin") == content
-    assert sealed.verify(KEY).ok
+        backend_url: str, secret, tmp_path: Path) -> None:  # noqa: ANN001
+    """An encrypted store seals each large chunk on the pool while the next is read and hashed;
+    a chunk that dedups in between must not free the buffer still being sealed."""
+    from cairn.store.packs import SEAL_ON_POOL_MIN
+
+    piece = 1 << 20
+    assert piece >= SEAL_ON_POOL_MIN  # the chunks take the pool's path
+    settings = StoreSettings(max_chunk_bytes=piece, pack_bytes=8 << 20)
+    with open_store(backend_url, settings=settings, secret=secret) as store:
+        known = os.urandom(piece)
+        attempt = store.open_attempt(KEY)
+        with attempt.snapshot() as snap:
+            snap.add_bytes("known.bin", known)
+            snap.commit(step=1)
+        fresh = [os.urandom(piece) for _ in range(12)]
+        content = b"".join(part for f in fresh for part in (f, known))  # every other dedups
+        (tmp_path / "big.bin").write_bytes(content)
+        with attempt.snapshot() as snap:
+            snap.add_file("big.bin", tmp_path / "big.bin")
+            manifest = snap.commit(step=2)
+        assert manifest.bytes_written == len(fresh) * piece
+        assert store.reader(manifest).read_file("big.bin") == content
+        assert store.verify(KEY).ok
