@@ -276,11 +276,16 @@ class SnapshotReader:
             raise _bad_chunk(chunk, self.manifest.seq)
         return chunk.size
 
-    def _open(self, pack: str, offset: int, sealed: memoryview, digest: str) -> None:
-        """Authenticate and decrypt one stored extent in place (an encrypted store)."""
+    def _open(self, pack: str, offset: int, sealed: memoryview, digest: str,
+              out: memoryview | None = None) -> None:
+        """Authenticate and decrypt one stored extent (an encrypted store): in place, or into
+        ``out``. A failure names the chunk ``digest``."""
         assert self._sealer is not None
         try:
-            self._sealer.open_extent(pack, offset, sealed)
+            if out is None:
+                self._sealer.open_extent(pack, offset, sealed)
+            else:
+                self._sealer.open_extent_into(pack, offset, sealed, out)
         except CorruptSnapshot as e:
             raise type(e)(f"chunk {digest}: {e}", seq=self.manifest.seq,
                           digest=digest or None) from None
@@ -305,13 +310,8 @@ class SnapshotReader:
                 raise CorruptSnapshot(f"chunk {chunk.digest} in {chunk.pack} is truncated",
                                       seq=self.manifest.seq, digest=chunk.digest)
             out = target[at:at + chunk.size]
-            assert self._sealer is not None
-            try:
-                self._sealer.open_extent_into(chunk.pack, chunk.offset,
-                                              scratch[start:start + chunk.size + self._tail], out)
-            except CorruptSnapshot as e:
-                raise type(e)(f"chunk {chunk.digest}: {e}", seq=self.manifest.seq,
-                              digest=chunk.digest) from None
+            self._open(chunk.pack, chunk.offset, scratch[start:start + chunk.size + self._tail],
+                       chunk.digest, out)
             if self._digest(out) != chunk.digest:
                 raise _bad_chunk(chunk, self.manifest.seq)
             at += chunk.size

@@ -147,11 +147,7 @@ class Sealer:
         if len(sealed) < TAG_BYTES:
             raise SealBroken(f"the extent at {offset} of pack {pack} is truncated")
         plain = sealed[:len(sealed) - TAG_BYTES]
-        try:
-            self._pack_aead(pack).decrypt_into(self._nonce(offset), sealed, self._ad, plain)
-        except InvalidTag:
-            raise SealBroken(f"the extent at {offset} of pack {pack} failed authentication "
-                             "(tampered with, moved, or from another store)") from None
+        self.open_extent_into(pack, offset, sealed, plain)
         return plain
 
     def open_extent_into(self, pack: str, offset: int, sealed: memoryview,

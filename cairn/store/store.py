@@ -39,7 +39,9 @@ from cairn.exceptions import (
 )
 from cairn.store.backend import Backend
 from cairn.store.delta import DeltaState
+from cairn.store.hashing import digest as plain_digest
 from cairn.store.keyring import (
+    KEYRING_PREFIX,
     Keyring,
     Secret,
     SecretError,
@@ -229,8 +231,6 @@ class Store:
         """A chunk's name: BLAKE3, keyed by the store's naming key when it is encrypted."""
         if self.sealer is not None:
             return self.sealer.digest(data)
-        from cairn.store.hashing import digest as plain_digest
-
         return plain_digest(data)
 
     @property
@@ -246,7 +246,7 @@ class Store:
             raise NotFound(f"no cairn store at {self.backend.url} (no {CONFIG_NAME}); "
                            "check the URL, or write a snapshot there first")
         for info in self.backend.list(""):
-            if info.name.startswith("keyring/"):  # another process is creating it
+            if info.name.startswith(KEYRING_PREFIX):  # another process is creating it
                 continue
             if info.name == CONFIG_NAME:  # another process created the store meanwhile
                 return self._parse_config(self.backend.read(CONFIG_NAME))
