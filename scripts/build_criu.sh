@@ -65,7 +65,7 @@ APT_UPDATED=0
 apt_update_once() {
     if [[ "$APT_UPDATED" -eq 0 ]]; then
         say "apt-get update"
-        apt-get update -qq </dev/null
+        apt-get -o DPkg::Lock::Timeout=600 update -qq </dev/null
         APT_UPDATED=1
     fi
 }
@@ -80,7 +80,7 @@ command -v xz >/dev/null || missing+=(xz-utils)
 if ((${#missing[@]})); then
     apt_update_once
     say "installing build dependencies: ${missing[*]}"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
 else
     say "build dependencies already installed"
 fi

@@ -18,8 +18,8 @@ for pkg in "${PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     echo "install_test_tools: installing ${missing[*]}"
-    apt-get update -qq </dev/null
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq </dev/null
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
 else
     echo "install_test_tools: ${PACKAGES[*]} already installed"
 fi
