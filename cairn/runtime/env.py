@@ -78,6 +78,10 @@ PLACEMENT_OPTION = Var("CAIRN_PLACEMENT_OPTION", "the capacity option this try w
                        "the placement policy", "outcome records")
 PLACEMENT_REASON = Var("CAIRN_PLACEMENT_REASON", "why the try was placed there (one line)",
                        "the placement policy", "outcome records")
+PLACEMENT_OPTIONS = Var("CAIRN_PLACEMENT_OPTIONS", "the names of every capacity option the "
+                        "step may be placed on, a JSON list (what `cairn resume --placement` "
+                        "may move a pod-based step to)", "the placement policy",
+                        "outcome records")
 TRACK_ROOTS = Var("CAIRN_TRACK_ROOTS", "more directories (os.pathsep-separated) whose files a "
                   "process snapshot may track and a restore may write, besides the working "
                   "directory and cairn's log directory", "the user (an operator's env= too)",
@@ -115,8 +119,8 @@ KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cai
 
 ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
-                        PLACEMENT_OPTION, PLACEMENT_REASON, TRACK_ROOTS, CUDA_LIBRARY,
-                        NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
+                        PLACEMENT_OPTION, PLACEMENT_REASON, PLACEMENT_OPTIONS, TRACK_ROOTS,
+                        CUDA_LIBRARY, NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
                         K8S_NAMESPACE, K8S_JOB, K8S_COMPLETION_INDEX, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
