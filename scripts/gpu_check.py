@@ -539,7 +539,7 @@ def phase_bench_state(device: str) -> dict[str, Any]:
         floor = state_bytes / d2h
         stall = statistics.median(stalls[1:])
         entry = {"state_bytes": state_bytes, "stalls_s": [round(x, 4) for x in stalls],
-                 "stall_s": round(stall, 4), "d2h_floor_s": round(floor, 4),
+                 "stall_s": round(stall, 6), "d2h_floor_s": round(floor, 6),
                  "stall_vs_d2h": round(stall / floor, 3),
                  "seconds": round(time.monotonic() - started, 1)}
         entry["met"] = entry["stall_vs_d2h"] <= TARGETS["state_stall_vs_d2h"]
