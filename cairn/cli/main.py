@@ -30,7 +30,7 @@ from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, Store
-from cairn.store.outcomes import parse_iso
+from cairn.store.outcomes import parse_iso, try_summaries
 from cairn.store.slotlog import RecordKind
 
 
@@ -127,7 +127,32 @@ def _key_summary(store: Store, key: Key) -> dict[str, Any]:
         "latest_step": newest.step if newest else None,
         "latest_created_at": newest.created_at if newest else None,
         "bytes_logical": newest.bytes_logical if newest else 0,
+        "tries": _tries(store, key, records),
     }
+
+
+def _tries(store: Store, key: Key, records: Sequence[Any]) -> list[dict[str, Any]]:
+    """What each try of ``key`` did, oldest first, kept through retention (docs/adr/0031):
+    its summary and how it ended (the outcome record's kind; None when it has none)."""
+    outcomes = {o.epoch: o for o in store.outcomes(key)}
+    summaries = try_summaries(records, outcomes.values())
+    return [{"epoch": epoch, **summary.to_json(),
+             "outcome": outcomes[epoch].outcome.value if epoch in outcomes else None,
+             "option": outcomes[epoch].option if epoch in outcomes else None,
+             "reason": outcomes[epoch].reason if epoch in outcomes else None}
+            for epoch, summary in sorted(summaries.items())]
+
+
+def _tries_lines(tries: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [f"{'TRY':>5} {'OUTCOME':12} {'SNAPS':>5} {'LAST STEP':>9} {'WRITTEN':>10} "
+             f"{'STALLS':>8}  OPTION"]
+    for t in tries:
+        written = _size_or_dash(t["bytes_written"]) + ("" if t["complete"] else "+")
+        stall = "-" if t["stall_s"] is None else f"{t['stall_s']:.2f}s"
+        lines.append(f"{t['epoch']:>5} {_dash(t['outcome']):12} {t['snapshots']:>5} "
+                     f"{_dash(t['last_step']):>9} {written:>10} {stall:>8}  "
+                     f"{_dash(t['option'])}")
+    return lines
 
 
 def cmd_ls(args: argparse.Namespace, store: Store) -> int:
@@ -160,7 +185,9 @@ def cmd_ls(args: argparse.Namespace, store: Store) -> int:
                      f"{_size_or_dash(r.get('bytes_written')):>10}")
     held = store.suspension(key)
     lines += _suspension_lines(held.to_json() if held is not None else None)
-    # The JSON form stays a list of records (scripts read it); the suspension is in `ls --json`.
+    lines += ["", *_tries_lines(_tries(store, key, records))]
+    # The JSON form stays a list of records (scripts read it); the suspension and the tries
+    # are in `ls --json`.
     _emit(args, rows, "\n".join(lines))
     return ExitCode.OK
 

@@ -1209,6 +1209,7 @@ class Supervisor:
                     frozen_s=round(self._status.frozen_seconds, 4) if self.cost.history else None,
                     gpu_stall_s=round(self._status.gpu_stall_seconds, 4)
                     if self.cost.history else None,
+                    stall_s=self._status.stall_seconds, bytes_written=self._status.bytes_written,
                     detail=detail)
 
     def _kill_child(self) -> None:

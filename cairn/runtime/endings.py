@@ -17,14 +17,15 @@ write it never changes how a try ends. Imports neither torch nor an orchestrator
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
 
-from cairn.exceptions import Fenced, Preempted, Suspended
-from cairn.runtime import env
+from cairn.exceptions import ConfigError, Fenced, Preempted, Suspended
+from cairn.runtime import env, slurm
 from cairn.runtime.exits import PREEMPTED, ExitCode
-from cairn.store.outcomes import Outcome, OutcomeKind, Progress
+from cairn.store.outcomes import Outcome, OutcomeKind, Progress, TrySummary, summarize_log
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,76 @@ def error_detail(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:500]
 
 
+def with_slurm_job(outcome: Outcome, environ: Any = None) -> Outcome:
+    """``outcome`` with ``detail["slurm"]``: the SLURM job it ran in (job id, try from
+    ``SLURM_RESTART_COUNT``, node; :meth:`cairn.runtime.slurm.SlurmJob.detail`) unless it
+    names one already or runs outside SLURM (or SLURM's variables cannot be read: logged)."""
+    if "slurm" in outcome.detail:
+        return outcome
+    try:
+        job = slurm.job_from_env(environ)
+    except ConfigError as e:
+        log.warning("the outcome names no SLURM job: %s", e)
+        return outcome
+    if job is None:
+        return outcome
+    return dataclasses.replace(outcome, detail={**outcome.detail, "slurm": job.detail()})
+
+
+def placement_options(environ: Any = None) -> tuple[str, ...]:
+    """The step's capacity option names from ``$CAIRN_PLACEMENT_OPTIONS`` (a JSON list);
+    empty when unset or malformed (logged: an outcome is advice)."""
+    text = env.PLACEMENT_OPTIONS.get(environ)
+    if not text:
+        return ()
+    try:
+        names = json.loads(text)
+        if isinstance(names, list) and all(isinstance(n, str) and n for n in names):
+            return tuple(names)
+    except ValueError:
+        pass
+    log.warning("%s is not a JSON list of option names (%r); not recorded",
+                env.PLACEMENT_OPTIONS.name, text[:200])
+    return ()
+
+
+def try_summary(store: Any, key: Any, epoch: int, *, last_seq: int | None = None,
+                last_step: int | None = None, bytes_written: int | None = None,
+                stall_s: float | None = None) -> TrySummary | None:
+    """What try ``epoch`` did, for its outcome record: the slot log's figures
+    (:func:`~cairn.store.outcomes.summarize_log`; its count is exact) completed by what the
+    try measured itself (its last snapshot, its bytes written and its stalls, over every
+    snapshot it committed, retention or not). None when the log cannot be read."""
+    try:
+        live = summarize_log(store.history(key), epoch)
+    except Exception as e:  # noqa: BLE001 - a summary is advice
+        log.warning("key %s: could not summarize try %d: %s", key, epoch, e)
+        return None
+    return dataclasses.replace(
+        live,
+        last_seq=live.last_seq if live.last_seq is not None else last_seq,
+        last_step=live.last_step if live.last_step is not None else last_step,
+        bytes_written=bytes_written if bytes_written is not None else live.bytes_written,
+        stall_s=None if stall_s is None else round(stall_s, 4),
+        complete=live.complete or bytes_written is not None)
+
+
 def record_best_effort(store: Any, key: Any, outcome: Outcome) -> bool:
     """``store.record_outcome(key, outcome)``, logging instead of raising (module docstring).
-    The placement the try ran with (``$CAIRN_PLACEMENT_OPTION``/``_REASON``) is taken from the
-    environment when the outcome has none. Returns whether the record was written."""
+    The placement the try ran with (``$CAIRN_PLACEMENT_OPTION``/``_REASON``, and the step's
+    options, ``$CAIRN_PLACEMENT_OPTIONS``) is taken from the environment when the outcome has
+    none; an outcome without a summary gets the slot log's (:func:`try_summary`). Returns
+    whether the record was written."""
     option = env.PLACEMENT_OPTION.get()
     if outcome.option is None and option:
         outcome = dataclasses.replace(outcome, option=option,
                                       reason=outcome.reason or env.PLACEMENT_REASON.get())
+    if not outcome.options:
+        outcome = dataclasses.replace(outcome, options=placement_options())
+    if outcome.summary is None:
+        outcome = dataclasses.replace(outcome, summary=try_summary(store, key, outcome.epoch))
     try:
-        store.record_outcome(key, outcome)
+        store.record_outcome(key, with_slurm_job(outcome))
         return True
     except Exception as e:  # noqa: BLE001 - see the docstring
         log.warning("key %s: could not record try %d's outcome (%s): %s", key, outcome.epoch,
@@ -116,6 +177,10 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
         snapshot_cost_s=ckpt.snapshot_cost_s, detail=info)
     try:
         with open_store(url, create=False) as store:  # the Checkpointer's may be closed
+            outcome = dataclasses.replace(outcome, summary=try_summary(
+                store, key, epoch, last_seq=ckpt.committed_seq, last_step=ckpt.committed_step,
+                bytes_written=getattr(ckpt, "bytes_written_total", None),
+                stall_s=getattr(ckpt, "stall_total_s", None)))
             record_best_effort(store, key, outcome)
     except Exception as e:  # noqa: BLE001 - an outcome must never change how the try ends
         log.warning("cairn: could not record this try's outcome: %s", e)
@@ -124,17 +189,21 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
 def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_at: float,
                 maintenance: bool = False, snapshot_seq: int | None = None,
                 snapshot_cost_s: float | None = None, frozen_s: float | None = None,
-                gpu_stall_s: float | None = None,
+                gpu_stall_s: float | None = None, stall_s: float | None = None,
+                bytes_written: int | None = None,
                 detail: dict[str, Any] | None = None) -> bool:
     """Leave the outcome record of a process-mode try that exited with ``code`` (see
     :func:`outcome_kind_for_exit`); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
-    total CRIU frozen time and GPU stall."""
+    total CRIU frozen time and GPU stall; ``stall_s`` / ``bytes_written``: its dumps' total
+    wall time and new bytes, for its summary."""
     outcome = Outcome(
         epoch=epoch, outcome=outcome_kind_for_exit(code, maintenance=maintenance),
         started_at=started_at, ended_at=max(time.time(), started_at),
         progress=Progress(snapshot_seq=snapshot_seq), snapshot_cost_s=snapshot_cost_s,
         frozen_s=frozen_s, gpu_stall_s=gpu_stall_s,
-        detail={"mode": "process", "exit_code": code, **(detail or {})})
+        detail={"mode": "process", "exit_code": code, **(detail or {})},
+        summary=try_summary(store, key, epoch, last_seq=snapshot_seq,
+                            bytes_written=bytes_written, stall_s=stall_s))
     return record_best_effort(store, key, outcome)
 
 

@@ -269,6 +269,9 @@ class Checkpointer:
         self._notice: PreemptionNotice | None = None
         self.snapshot_cost_s: float | None = None  # moving average of stall + persist time
         self.last_stall_s: float | None = None  # time the last save() kept training waiting
+        # This try's totals over its committed snapshots, for its outcome's summary.
+        self.stall_total_s = 0.0
+        self.bytes_written_total = 0
         self._mtbf: float | None = None
         self._mtbf_known = False  # read from the key's log on first use
         self.persist_mode = PersistMode(persist)
@@ -591,6 +594,8 @@ class Checkpointer:
             self.last_snapshot = manifest
             self.committed_seq, self.committed_step = manifest.seq, step
             self._last_step = step
+            self.stall_total_s += self.last_stall_s
+            self.bytes_written_total += int(manifest.metadata.get("bytes_written", 0))
             if self._status is not None:
                 self._status.committed(seq=manifest.seq, stall_s=self.last_stall_s,
                                        bytes_written=int(manifest.metadata.get("bytes_written", 0)))
@@ -686,6 +691,8 @@ class Checkpointer:
             if result.seq is not None:
                 self.committed_seq, self.committed_step = result.seq, result.step
                 self._record_cost((self.last_stall_s or 0.0) + result.seconds)
+                self.stall_total_s += self.last_stall_s or 0.0
+                self.bytes_written_total += result.bytes_written
                 self._last_error = None
                 self.failures = 0
                 if self._status is not None:

@@ -16,6 +16,7 @@ from cairn.store.keyring import (
 )
 from cairn.store.keys import Key
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
+from cairn.store.outcomes import TrySummary, try_summaries
 from cairn.store.slotlog import Record, RecordKind
 from cairn.store.store import (
     Attempt,
@@ -44,11 +45,13 @@ __all__ = [
     "SecretError",
     "Store",
     "StoreSettings",
+    "TrySummary",
     "VerifyReport",
     "load_secret_file",
     "new_secret",
     "open_store",
     "secret_from_text",
     "secret_text",
+    "try_summaries",
     "write_secret_file",
 ]

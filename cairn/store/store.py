@@ -59,14 +59,18 @@ from cairn.store.manifest import (
     manifest_from_json,
 )
 from cairn.store.outcomes import (
+    PREVIOUS_NOTE,
     Outcome,
     TryLog,
+    TrySummary,
     decode_outcome,
     encode_outcome,
     epoch_from_name,
     outcome_name,
     outcomes_prefix,
+    previous_summary,
     tries_from_records,
+    try_summaries,
 )
 from cairn.store.reader import SnapshotReader
 from cairn.store.sealed_backend import SealedBackend
@@ -455,6 +459,11 @@ class Store:
         except AlreadyExists:  # asked at the same moment by someone else: theirs stands
             return self._read_request(key, request.kind, request.epoch) or request
 
+    def try_summaries(self, key: Key) -> dict[int, TrySummary]:
+        """What each try of ``key`` did, by epoch, as far as retention leaves it known (see
+        :func:`cairn.store.outcomes.try_summaries`)."""
+        return try_summaries(self.history(key), self.outcomes(key))
+
     def tries(self, key: Key) -> list[TryLog]:
         """Each try (epoch) as the slot log records it: opened, snapshots kept, done."""
         return tries_from_records(self.history(key))
@@ -511,12 +520,22 @@ class Store:
 
         Its parent is the newest snapshot whose manifest reads and whose packs all exist and
         whose seq is not in ``exclude``; pass it to a restore, and later snapshots dedup
-        against it. The ``open`` record notes it as ``resumed_from``.
+        against it. The ``open`` record notes it as ``resumed_from``, and notes what the
+        previous try did (``previous``, :func:`~cairn.store.outcomes.previous_summary`), so
+        that a try killed before it recorded its outcome keeps its history once retention
+        or ``done`` removes its snapshots (docs/adr/0031).
         """
         parent = self.latest_good(key, deep=False, exclude=exclude)
         note = dict(note or {})
         note.setdefault("resumed_from", parent.seq if parent else None)
         note.setdefault("resumed_step", parent.step if parent else None)
+        try:
+            previous = previous_summary(self.log(key).newest_first())
+        except StoreError as e:  # history is advice: it never stops a try from starting
+            log.warning("key %s: could not summarize the previous try: %s", key, e)
+            previous = None
+        if previous is not None:
+            note.setdefault(PREVIOUS_NOTE, previous)
         attempt_log = self.log(key).open_attempt(note=note)
         return Attempt(self, key, attempt_log, parent)
 
