@@ -161,11 +161,15 @@ def _tries_table(report: TaskReport, epochs: list[int]) -> str:
             f'<td class="l">{escape(_time(t.opened_at))}</td><td class="l">{_dash(t.mode)}</td>'
             f'<td class="l">{escape(resumed)}</td><td>{_dash(t.steps_saved)}</td>'
             f'<td>{escape(_fmt_seconds(t.seconds_saved))}</td><td>{t.snapshots}</td>'
-            f'<td>{_dash(t.last_step)}</td><td class="l">{escape(t.ended)}</td>'
+            f'<td>{_dash(t.last_step)}</td>'
+            f'<td>{escape(human_size(t.bytes_written)) if t.bytes_written is not None else "–"}'
+            f'</td><td>{escape(_fmt_seconds(t.stall_s))}</td>'
+            f'<td class="l">{escape(t.ended)}</td>'
             f'<td class="l">{escape(airflow)}</td><td class="l">{outcome}</td></tr>')
     return ('<table id="tries"><tr><th>epoch</th><th class="l">opened (UTC)</th>'
             '<th class="l">mode</th><th class="l">resumed from</th><th>steps not redone</th>'
-            '<th>time saved</th><th>snapshots</th><th>last step</th><th class="l">ended</th>'
+            '<th>time saved</th><th>snapshots</th><th>last step</th><th>bytes written</th>'
+            '<th>stalls</th><th class="l">ended</th>'
             '<th class="l">Airflow try</th><th class="l">outcome</th></tr>'
             + "".join(rows) + "</table>")
 

@@ -6,8 +6,9 @@
   verify status: ``present`` (manifest reads and every pack is there; cheap) or, with
   ``deep=True``, ``verified`` / ``corrupt`` from reading every chunk (``Store.verify``);
 - one row per attempt (each ``open`` record is a try's epoch): what it resumed from, how many
-  steps it did not redo, the snapshots it committed, how it ended as far as the log tells, and
-  the outcome record when the store keeps them;
+  steps it did not redo, what it did (snapshots, last step, bytes, stalls: the try's summary,
+  which survives retention, docs/adr/0031), how it ended as far as the log tells, and the
+  outcome record when the store keeps them;
 - the progress points (time, step) for the chart, and the measured seconds per step, which
   turns "steps not redone" into "time saved".
 
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from cairn.exceptions import CorruptSnapshot, StoreError
-from cairn.store import Key, Record, RecordKind, Store
+from cairn.store import Key, Record, RecordKind, Store, try_summaries
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class TryRow:
     last_step: int | None
     ended: str  # "succeeded", "removed", "followed by epoch N", "no done record"
     outcome: str | None = None
+    # From the try's summary (cairn.store.outcomes.TrySummary; kept through retention):
+    # new bytes its snapshots wrote, the time they kept it waiting (None: not known).
+    bytes_written: int | None = None
+    stall_s: float | None = None
     airflow_try: int | None = None
     airflow_state: str | None = None
 
@@ -233,7 +238,12 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
     by_epoch = {o.epoch: o for o in outcomes} if outcomes is not None else {}
     snaps = [r for r in cycle if r.kind is RecordKind.SNAP and r.manifest is not None]
     opens = [r for r in cycle if r.kind is RecordKind.OPEN]
+    summaries = try_summaries(records, by_epoch.values())
     per_step = _seconds_per_step(snaps)
+    if per_step is None:  # the snapshots are gone (done, retention): the tries measured it
+        paces = [v.seconds_per_step for v in summaries.values()
+                 if v.seconds_per_step is not None]
+        per_step = statistics.median(paces) if paces else None
     step_of = {r.seq: r.manifest.step for r in snaps if r.manifest is not None}
     origin = parse_time(cycle[0].created_at) if cycle else parse_time(records[0].created_at)
     notes: list[str] = []
@@ -253,7 +263,7 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
         if resumed_step is None and resumed_from is not None and outcome is not None:
             resumed_step = getattr(outcome.progress, "start_step", None)
         steps_saved = resumed_step + 1 if isinstance(resumed_step, int) else None
-        own = [r for r in snaps if r.epoch == rec.seq]
+        summary = summaries.get(rec.seq)
         ending = [r for r in cycle if r.kind is RecordKind.DONE and r.epoch == rec.seq]
         if ending:
             ended = "removed" if ending[0].body.get("reason") == "removed" else "succeeded"
@@ -276,12 +286,12 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
             resumed_from=resumed_from, resumed_step=resumed_step, steps_saved=steps_saved,
             seconds_saved=(steps_saved * per_step
                            if steps_saved is not None and per_step is not None else None),
-            snapshots=len(own),
-            last_step=max((r.manifest.step for r in own
-                           if r.manifest is not None and r.manifest.step is not None),
-                          default=None),
+            snapshots=summary.snapshots if summary is not None else 0,
+            last_step=summary.last_step if summary is not None else None,
             ended=ended,
             outcome=describe_outcome(outcome) if outcome is not None else None,
+            bytes_written=summary.bytes_written if summary is not None else None,
+            stall_s=summary.stall_s if summary is not None else None,
             airflow_try=matched.try_number if matched else None,
             airflow_state=matched.state if matched else None))
 
