@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def stack() -> Iterator[AirflowStack]:
     # The triggerer runs (a suspended task waits there); tries look for suspend requests and
     # deferred tasks for resumes every 0.2 s, so the suspend tests stay short.
     s = AirflowStack(root / "home", REPO / "dags", store=root / "store", triggerer=True,
-                     env={"CAIRN_SUSPEND_POLL": f"{SUSPEND_POLL_S}s"})
+                     env={"CAIRN_SUSPEND_POLL": f"{SUSPEND_POLL_S}s",
+                          # A task marked failed in the UI learns it at its next heartbeat.
+                          "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1"})
     try:
         s.start()
         yield s
@@ -280,10 +283,11 @@ def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
     is in a session of its own, so only on_kill reaches it), SIGKILL 5 s later. The final
     snapshot fits the 4 s grace; the task stays failed (a reschedule is refused for a task
     marked failed) and "clear" restores the process right after the snapshot."""
-    dag_id, steps = "cairn_process_training", 2500
+    dag_id, steps = "cairn_process_training", 4000
     progress = tmp_path / "progress.log"
     run_id, key = _process_training_past_300_steps(stack, progress, steps)
     pid = stack.task_instance(dag_id, run_id, "train")["pid"]
+    asked_at = time.time()
     stack.mark_failed(dag_id, run_id, "train")
     stack.wait_for(lambda: _gone(pid), what="the task's process to end", timeout=60)
     stack.wait_for(lambda: len(_outcomes(stack.store, key)) == 1,
@@ -291,7 +295,13 @@ def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
     (preempted,) = _outcomes(stack.store, key)
     assert preempted.outcome.value == "preempted" and preempted.detail["exit_code"] == 75
     assert stack.task_instance(dag_id, run_id, "train")["state"] == "failed"
-    stopped_at = read_progress(progress)[-1][1]
+    last = read_progress(progress)[-1]
+    stopped_at = last[1]
+    # The kill reaches the task at the worker's next heartbeat (1 s in the stack) and the
+    # final snapshot freezes it; the workload must not have run out of steps by then.
+    assert stopped_at < steps - 1, (
+        f"the workload finished (step {stopped_at}) {last[2] - asked_at:.1f}s after mark-failed "
+        f"before the kill reached it\n{stack.logs_tail()}")
 
     stack.clear(dag_id, run_id, "train")
     assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
@@ -310,8 +320,6 @@ def _suspend_and_resume(stack: AirflowStack, dag_id: str, run_id: str, progress:
                         *, key: tuple[str, ...], workload_pid: int | None) -> dict[str, float]:
     """Suspend through the page's API, see the task deferred with its processes gone, resume,
     see it continue; returns the measured seconds (request to deferred, resume to next step)."""
-    import time
-
     ti = stack.task_instance(dag_id, run_id, "train")
     assert ti["state"] == "running" and ti["try_number"] == 1, ti
     task_pid = ti["pid"]
