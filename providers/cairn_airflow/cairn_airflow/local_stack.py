@@ -8,10 +8,21 @@ intervals, and the ``cairn_default`` connection naming a local store. ``env`` ad
 for every component and the tasks they start (``CAIRN_SUSPEND_POLL``, say). REST calls go through the api-server. Authentication is the simple auth manager with
 ``all_admins`` (every request is an admin): for a laptop or a test, never for a deployment.
 Nothing here imports Airflow; it starts Airflow's CLI with this interpreter.
+
+``executor=Executor.CELERY`` makes it a multi-worker cluster instead (root only): PostgreSQL as
+the metadata DB and Redis as the Celery broker (``cairn_airflow.local_services``, under
+``home``), the same Airflow components on PostgreSQL, and Celery workers standing for separate
+nodes (``nodes``: their names), each in namespaces of its own with its own local disk
+(``cairn_airflow.local_nodes``). The nodes share nothing but the store, so ``store`` must then
+be a URL every node reaches (``gs://...`` on a GCS server, whose ``STORAGE_EMULATOR_HOST``
+goes in ``env``). A dead worker's Celery message is never redelivered within the broker's
+visibility timeout (6 h here): Airflow retries a task whose worker vanished after
+``task_instance_heartbeat_timeout``.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import secrets
@@ -23,12 +34,25 @@ import time
 import urllib.error
 import urllib.request
 
-from cairn.runtime import env as contract
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cairn.exceptions import ConfigError
+from cairn.runtime import env as contract
+
 TERMINAL_RUN_STATES = {"success", "failed"}
+# Longer than any run of the stack: a dead worker's task comes back through the heartbeat
+# timeout, never through the broker redelivering its message to another worker.
+CELERY_VISIBILITY_TIMEOUT_S = 6 * 3600
+
+
+class Executor(str, enum.Enum):
+    """Where the stack runs tasks: LocalExecutor on SQLite (one machine), or CeleryExecutor on
+    PostgreSQL and Redis with a worker per node."""
+
+    LOCAL = "local"
+    CELERY = "celery"
 
 
 def free_port() -> int:
@@ -40,12 +64,22 @@ def free_port() -> int:
 class AirflowStack:
     """Start with :meth:`start`, stop with :meth:`stop` (kills every component's group)."""
 
-    def __init__(self, home: Path, dags: Path, *, store: Path, port: int | None = None,
-                 triggerer: bool = True, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, home: Path, dags: Path, *, store: Path | str, port: int | None = None,
+                 triggerer: bool = True, env: Mapping[str, str] | None = None,
+                 executor: Executor | str = Executor.LOCAL,
+                 nodes: Sequence[str] = ("nodeA", "nodeB"), worker_concurrency: int = 1) -> None:
         self.home = home
         self.triggerer = triggerer
         self.dags = dags
         self.store = store
+        try:
+            self.executor = Executor(executor)
+        except ValueError:
+            raise ConfigError(f"executor {executor!r}: use one of "
+                              f"{', '.join(e.value for e in Executor)}") from None
+        if self.executor is Executor.CELERY and not str(store).startswith("gs://"):
+            raise ConfigError(f"a Celery cluster's nodes share no disk: store {store} must be "
+                              "a gs:// URL (a GCS server every node reaches)")
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -81,11 +115,49 @@ class AirflowStack:
             # Its own log server port, so that two stacks (or a demo) can run side by side.
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         })
+        self.services: list[Any] = []
+        self.nodes: dict[str, Any] = {}
+        if self.executor is Executor.CELERY:
+            self._celery(nodes, worker_concurrency=worker_concurrency)
         self.env.update(env or {})
+        for node in self.nodes.values():
+            node.env.update(self.env)
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def _celery(self, names: Sequence[str], *, worker_concurrency: int) -> None:
+        from cairn_airflow.local_nodes import WorkerNode
+        from cairn_airflow.local_services import PostgresServer, RedisServer
+
+        if len(set(names)) != len(names) or not names:
+            raise ConfigError(f"nodes {list(names)!r}: give one or more distinct names")
+        self.home.chmod(0o755)  # PostgreSQL's account must enter it
+        self.postgres = PostgresServer(self.home / "postgres")
+        self.redis = RedisServer(self.home / "redis")
+        self.services = [self.postgres, self.redis]
+        self.env.update({
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url,
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_SIZE": "2",
+            "AIRFLOW__CELERY__BROKER_URL": self.redis.url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.postgres.url,
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT":
+                str(CELERY_VISIBILITY_TIMEOUT_S),
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(worker_concurrency),
+            # One task per worker slot and no message held in reserve: a task waits in the
+            # broker for a free worker instead of behind a busy (or frozen) one.
+            "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+        })
+        for index, name in enumerate(names):
+            self.nodes[name] = WorkerNode(name, cluster=self.home, dags=self.dags, env={},
+                                          concurrency=worker_concurrency,
+                                          log=self.home / f"worker-{name}.log",
+                                          pid_base=1000 + 4000 * index)
+
     def start(self, *, timeout: float = 180) -> None:
+        for service in self.services:
+            service.start()
         done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env,
                               capture_output=True, text=True, timeout=600, check=False)
         if done.returncode != 0:
@@ -97,13 +169,16 @@ class AirflowStack:
                 [sys.executable, "-m", "airflow", *args], env=self.env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
+        for node in self.nodes.values():
+            node.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             try:
                 health = self.get("/api/v2/monitor/health")
                 if all(health.get(part, {}).get("status") == "healthy"
-                       for part in ("scheduler", *(("triggerer",) if self.triggerer else ()))):
+                       for part in ("scheduler", *(("triggerer",) if self.triggerer else ()))) \
+                        and all(node.ready() for node in self.nodes.values()):
                     return
             except (OSError, ValueError):
                 pass
@@ -120,6 +195,22 @@ class AirflowStack:
         return parts
 
     def stop(self) -> None:
+        """Stop the workers, the Airflow components, then the servers they used."""
+        for node in self.nodes.values():
+            node.stop()
+        self._stop_components()
+        for service in reversed(self.services):
+            service.stop()
+
+    def restart_node(self, name: str, *, timeout: float = 120) -> None:
+        """Start node ``name``'s worker again (after :meth:`WorkerNode.kill` and maybe
+        :meth:`WorkerNode.wipe`: a fresh disk gets a fresh copy of the DAGs) and wait until
+        Celery says it is ready."""
+        node = self.nodes[name]
+        node.start()
+        self.wait_for(node.ready, what=f"node {name}'s worker to be ready", timeout=timeout)
+
+    def _stop_components(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:
@@ -145,7 +236,7 @@ class AirflowStack:
 
     def logs_tail(self, chars: int = 3000) -> str:
         out = []
-        for name in self.procs:
+        for name in [*self.procs, *(f"worker-{n}" for n in self.nodes)]:
             path = self.home / f"{name}.log"
             if path.exists():
                 out.append(f"--- {name}.log ---\n{path.read_text(errors='replace')[-chars:]}")

@@ -1,0 +1,382 @@
+"""A real multi-worker Airflow: CeleryExecutor on PostgreSQL and Redis, two Celery workers
+standing for two nodes, the store a GCS server process both reach. A node running a cairn step
+vanishes (its whole process tree SIGKILLed, its local disk deleted) or freezes and comes back
+as a zombie; Airflow retries the step through the task heartbeat timeout, on the other node,
+and the retry resumes from the last committed snapshot.
+
+One cluster serves the session (``cairn_airflow.local_stack`` with ``executor="celery"``): each
+worker has its own mount, PID and UTS namespaces (private ``/tmp`` and ``/dev/shm``, its own
+local disk and copy of the DAGs, its host name the node's name), and they share nothing but the
+store. The workloads append ``<pid> <step> <unix time>`` per step to a progress log in a
+directory outside every node (the test's instrument, not cairn's): what really ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn_airflow.local_nodes import WorkerNode, descendants
+from cairn_airflow.local_stack import AirflowStack, Executor
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+HEARTBEAT_TIMEOUT_S = 10
+EVERY_STEPS = 100  # dags/cooperative_training.py
+PROCESS_RETRY_DELAY_S = 2.0  # dags/process_training.py
+
+needs_cluster = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("redis-server")
+    or not (shutil.which("pg_ctl") or list(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))),
+    reason="the Celery cluster needs root, unshare, redis-server and PostgreSQL "
+           "(scripts/install_cluster_services.sh)")
+needs_criu = pytest.mark.skipif(
+    not shutil.which("criu") and not os.access("/usr/local/sbin/criu", os.X_OK),
+    reason="process mode needs CRIU (make criu)")
+pytestmark = [pytest.mark.slow, needs_cluster]
+
+
+@dataclass
+class Cluster:
+    stack: AirflowStack
+    store: str
+    observe: Path  # outside every node: the tests' progress logs
+
+    def node_of(self, ti: dict[str, Any]) -> WorkerNode:
+        return self.stack.nodes[ti["hostname"]]
+
+    def other(self, node: WorkerNode) -> WorkerNode:
+        (other,) = [n for n in self.stack.nodes.values() if n is not node]
+        return other
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes whose command line or working directory names ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if marker in cmd or cwd.startswith(marker):
+            found.append(f"{entry}: {cmd[:200]}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    from cairn_airflow.local_services import GcsServer
+
+    # Not under /tmp: every node mounts a private /tmp of its own.
+    root = Path(tempfile.mkdtemp(prefix="cairn-af-cluster-", dir="/var/tmp"))
+    root.chmod(0o755)
+    observe = root / "observe"
+    observe.mkdir()
+    gcs = GcsServer()
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    stack = None
+    try:
+        gcs.start()
+        bucket = f"cairn-{uuid.uuid4().hex[:10]}"
+        gcs.create_bucket(bucket)
+        os.environ.update(gcs.env)  # this process reads the store too
+        store = f"gs://{bucket}/cluster"
+        stack = AirflowStack(root / "home", REPO / "dags", store=store, executor=Executor.CELERY,
+                             triggerer=False, env={
+                                 **gcs.env,
+                                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT":
+                                     str(HEARTBEAT_TIMEOUT_S)})
+        started = time.monotonic()
+        stack.start(timeout=300)
+        print(f"\ncluster started in {time.monotonic() - started:.1f}s")
+        yield Cluster(stack, store, observe)
+    finally:
+        if stack is not None:
+            stack.stop()
+        gcs.stop()
+        if saved is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
+        left = _leftovers(str(root))
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left, f"the cluster left processes running: {left}"
+
+
+@pytest.fixture()
+def two_nodes(cluster: Cluster) -> Cluster:
+    """Both nodes up (a test before may have killed one)."""
+    for name, node in cluster.stack.nodes.items():
+        if not node.alive():
+            cluster.stack.restart_node(name)
+    return cluster
+
+
+# -- reading what happened ---------------------------------------------------------------------
+
+def read_progress(path: Path) -> list[tuple[int, int, float]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, step, at = line.split()
+        rows.append((int(pid), int(step), float(at)))
+    return rows
+
+
+def _store(cluster: Cluster):  # noqa: ANN202
+    from cairn.store import open_store
+
+    return open_store(cluster.store, create=False)
+
+
+def _snapshots(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
+    from cairn.store import Key
+
+    try:
+        with _store(cluster) as s:
+            return s.snapshots(Key(key))
+    except Exception:  # noqa: BLE001 - the store is made by the first try
+        return []
+
+
+def _history(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
+    from cairn.store import Key
+
+    with _store(cluster) as s:
+        return s.history(Key(key))
+
+
+def _outcome_records(cluster: Cluster, key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The outcome records as stored (JSON), with the ``writer`` (host, pid) that wrote each."""
+    from cairn.store import Key
+    from cairn.store.outcomes import outcomes_prefix
+
+    with _store(cluster) as s:
+        prefix = outcomes_prefix(Key(key).path)
+        return [json.loads(s.backend.read(info.name))
+                for info in sorted(s.backend.list(prefix), key=lambda i: i.name)]
+
+
+def _wait_steps(cluster: Cluster, progress: Path, steps: int, *, timeout: float = 300) -> None:
+    cluster.stack.wait_for(
+        lambda: progress.exists() and len(progress.read_text().splitlines()) >= steps,
+        what=f"{steps} steps", timeout=timeout)
+
+
+def _running_ti(cluster: Cluster, dag_id: str, run_id: str) -> dict[str, Any]:
+    return cluster.stack.wait_for(
+        lambda: (lambda ti: ti if ti["state"] == "running" and ti["hostname"] else None)(
+            cluster.stack.task_instance(dag_id, run_id, "train")),
+        what="the task running on a node", timeout=120)
+
+
+def _resume_point(rows: list[tuple[int, int, float]]) -> int:
+    """The index of the first row after the retry resumed: the first row whose step does not
+    follow the one before it, or that a process other than the one before it wrote."""
+    for i in range(1, len(rows)):
+        if rows[i][1] != rows[i - 1][1] + 1 or rows[i][0] != rows[i - 1][0]:
+            return i
+    raise AssertionError(f"the progress log shows no resume: steps {rows[0][1]}..{rows[-1][1]}")
+
+
+def _lose_node(cluster: Cluster, dag_id: str, run_id: str) -> tuple[WorkerNode, WorkerNode]:
+    """SIGKILL the node running the task, with everything in it, and delete its disk."""
+    ti = _running_ti(cluster, dag_id, run_id)
+    assert ti["try_number"] == 1, ti
+    lost = cluster.node_of(ti)
+    lost.kill()
+    lost.wipe()
+    return lost, cluster.other(lost)
+
+
+def _assert_ran_on(cluster: Cluster, key: tuple[str, ...], *, first: str, retry: str) -> None:
+    """The slot log's ``open`` records and the outcome records name the nodes (their host
+    names) each try ran on."""
+    from cairn.store.slotlog import RecordKind
+
+    opens = [r for r in _history(cluster, key) if r.kind is RecordKind.OPEN]
+    assert [r.body["writer"]["host"] for r in opens] == [first, retry], \
+        [(r.epoch, r.body.get("writer")) for r in opens]
+    records = _outcome_records(cluster, key)
+    succeeded = [r for r in records if r["outcome"] == "succeeded"]
+    assert len(succeeded) == 1 and succeeded[0]["epoch"] == opens[1].epoch, records
+    assert succeeded[0]["writer"]["host"] == retry, succeeded[0]
+
+
+# -- node loss ---------------------------------------------------------------------------------
+
+def test_a_lost_node_s_cooperative_step_resumes_on_the_other_node(two_nodes: Cluster) -> None:
+    cluster, stack = two_nodes, two_nodes.stack
+    dag_id, total = "cairn_cooperative_training", 1500
+    progress = cluster.observe / f"coop-loss-{uuid.uuid4().hex[:6]}.log"
+    run_id = stack.trigger(dag_id, {"total_steps": total, "step_seconds": 0.01,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    stack.wait_for(lambda: any((i.manifest.step or 0) >= 2 * EVERY_STEPS
+                               for i in _snapshots(cluster, key)),
+                   what="a committed snapshot past the second interval", timeout=240)
+    lost, other = _lose_node(cluster, dag_id, run_id)
+    assert stack.wait_for_run(dag_id, run_id, timeout=240) == "success", stack.logs_tail()
+
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["try_number"] == 2 and ti["hostname"] == other.name, ti
+    _assert_ran_on(cluster, key, first=lost.name, retry=other.name)
+    result = stack.xcom(dag_id, run_id, "train")
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    rows = read_progress(progress)
+    index = _resume_point(rows)
+    reached = rows[index - 1][1]
+    assert result["start_step"] > 0 and result["end_step"] == total
+    assert rows[index][1] == result["start_step"] == meta["resumed_step"] + 1
+    redone = reached - result["start_step"] + 1
+    assert 0 <= redone <= EVERY_STEPS, f"redid {redone} steps; snapshots are {EVERY_STEPS} apart"
+    assert [r[1] for r in rows[index:]] == list(range(result["start_step"], total)), \
+        "a step after the resume point ran twice or not at all"
+    assert meta["try_number"] == 2 and meta["done"] is True
+
+
+@needs_criu
+def test_a_lost_node_s_process_mode_step_is_restored_on_the_other_node(
+        two_nodes: Cluster) -> None:
+    cluster, stack = two_nodes, two_nodes.stack
+    dag_id, steps, every_s = "cairn_process_training", 2000, 3.0
+    progress = cluster.observe / f"proc-loss-{uuid.uuid4().hex[:6]}.log"
+    run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": f"{every_s:g}s",
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    # The first dumps may catch the script still importing torch: lose the node once it has
+    # trained a while and a snapshot was committed after that.
+    _wait_steps(cluster, progress, 300)
+    taken = len(_snapshots(cluster, key))
+    stack.wait_for(lambda: len(_snapshots(cluster, key)) > taken,
+                   what="a process snapshot taken after step 300", timeout=180)
+    lost, other = _lose_node(cluster, dag_id, run_id)
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+
+    ti = stack.task_instance(dag_id, run_id, "train")
+    assert ti["try_number"] == 2 and ti["hostname"] == other.name, ti
+    _assert_ran_on(cluster, key, first=lost.name, retry=other.name)
+    rows = read_progress(progress)
+    # A restored process goes on from the step it was dumped at: find where a step repeats or
+    # the log jumps by more than the retry took.
+    index = next(i for i in range(1, len(rows))
+                 if rows[i][1] != rows[i - 1][1] + 1
+                 or rows[i][2] - rows[i - 1][2] > PROCESS_RETRY_DELAY_S)
+    resumed_at, first_life = rows[index][1], rows[:index]
+    assert resumed_at > 0, "the retry started the script over"
+    assert rows[index][0] == first_life[-1][0], "the restored process has another PID"
+    redone = [r for r in first_life if r[1] >= resumed_at]
+    redone_s = redone[-1][2] - redone[0][2] if redone else 0.0
+    assert redone_s <= every_s, f"redid {len(redone)} steps over {redone_s:.1f}s; " \
+                                f"snapshots are {every_s:g}s apart"
+    assert [r[1] for r in rows[index:]] == list(range(resumed_at, steps))
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert meta["exit_code"] == 0 and meta["done"] is True and meta["try_number"] == 2
+
+
+# -- the zombie --------------------------------------------------------------------------------
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
+def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
+        two_nodes: Cluster) -> None:
+    """The node running the step freezes (its task's process tree SIGSTOPped): Airflow retries
+    the step on the other node after the heartbeat timeout. Once the retry has resumed and
+    committed a snapshot, the zombie's task and writer run again first — before Airflow's task
+    supervisor on the frozen node, which would kill them — and their next commit is rejected by
+    the fence: the zombie stops its workload; the retry's snapshots and result stand."""
+    from cairn.store.slotlog import RecordKind
+
+    cluster, stack = two_nodes, two_nodes.stack
+    dag_id, total = "cairn_cooperative_training", 3000
+    progress = cluster.observe / f"zombie-{uuid.uuid4().hex[:6]}.log"
+    run_id = stack.trigger(dag_id, {"total_steps": total, "step_seconds": 0.01,
+                                    "progress_log": str(progress)})
+    key = (dag_id, "train", run_id, "-1")
+    stack.wait_for(lambda: any((i.manifest.step or 0) >= EVERY_STEPS
+                               for i in _snapshots(cluster, key)),
+                   what="a committed snapshot past the first interval", timeout=240)
+    ti = _running_ti(cluster, dag_id, run_id)
+    frozen = cluster.node_of(ti)
+    task = frozen.host_pid(ti["pid"])
+    with open(f"/proc/{task}/stat") as f:
+        supervisor = int(f.read().rsplit(")", 1)[1].split()[1])  # Airflow's, in the Celery pool
+    tree = descendants(supervisor)
+    workload = [p for p in tree if p != supervisor]
+    _signal_all(tree, signal.SIGSTOP)
+    try:
+        frozen_at = time.time()
+        retry = stack.wait_for(
+            lambda: (lambda t: t if t["try_number"] == 2 and t["state"] == "running" else None)(
+                stack.task_instance(dag_id, run_id, "train")),
+            what="the retry to run", timeout=180)
+        assert retry["hostname"] == cluster.other(frozen).name, retry
+        opens = stack.wait_for(
+            lambda: [r for r in _history(cluster, key) if r.kind is RecordKind.OPEN][1:],
+            what="the retry's attempt", timeout=120)
+        retry_epoch = opens[0].epoch
+        stack.wait_for(lambda: any(r.kind is RecordKind.SNAP and r.epoch == retry_epoch
+                                   for r in _history(cluster, key)),
+                       what="a snapshot committed by the retry", timeout=120)
+        zombie_last = read_progress(progress)
+        zombie_last = [r for r in zombie_last if r[2] < frozen_at]
+        # The zombie's task and writer first; its supervisor stays frozen for now.
+        _signal_all(list(reversed(workload)), signal.SIGCONT)
+        stack.wait_for(lambda: any(r["epoch"] == 1 and r["outcome"] == "fenced"
+                                   for r in _outcome_records(cluster, key)),
+                       what="the zombie's fenced outcome", timeout=120)
+    finally:
+        _signal_all(tree, signal.SIGCONT)
+    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+    stack.wait_for(lambda: all(_state(p) in ("Z", "X") for p in workload),
+                   what="the zombie's task processes to end", timeout=60)
+
+    (fenced,) = [r for r in _outcome_records(cluster, key) if r["epoch"] == 1]
+    assert fenced["outcome"] == "fenced" and fenced["writer"]["host"] == frozen.name, fenced
+    history = _history(cluster, key)
+    retry_open = next(r for r in history if r.kind is RecordKind.OPEN and r.epoch == retry_epoch)
+    assert all(r.epoch == retry_epoch for r in history if r.seq >= retry_open.seq), \
+        "the zombie created a record after the retry's attempt opened"
+    _assert_ran_on(cluster, key, first=frozen.name, retry=cluster.other(frozen).name)
+    rows = read_progress(progress)
+    zombie_pid = zombie_last[-1][0]
+    thawed = [r for r in rows if r[0] == zombie_pid and r[2] > frozen_at]
+    assert len(thawed) <= EVERY_STEPS, \
+        f"the zombie ran {len(thawed)} steps after it was let run; snapshots are " \
+        f"{EVERY_STEPS} apart, so its next commit should have stopped it"
+    result = stack.xcom(dag_id, run_id, "train")
+    retry_rows = [r for r in rows if r[0] != zombie_pid]
+    assert result["start_step"] > 0 and result["end_step"] == total
+    assert [r[1] for r in retry_rows] == list(range(result["start_step"], total)), \
+        "the retry's steps are not each there once"
+    meta = stack.xcom(dag_id, run_id, "train", "cairn")
+    assert meta["try_number"] == 2 and meta["done"] is True
