@@ -72,6 +72,11 @@ $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cai
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
 
+## Debian's SLURM (slurm-wlm) and MUNGE for the SLURM tests, which start their own daemons (root)
+SLURM_STAMP := .cache/slurm.installed
+$(SLURM_STAMP): scripts/install_slurm.sh
+	bash scripts/install_slurm.sh && mkdir -p $(@D) && touch $@
+
 ## Debian's headless Chromium + chromedriver for the snapshots-page browser test (root)
 CHROMIUM_STAMP := .cache/chromium.installed
 $(CHROMIUM_STAMP): scripts/install_chromium.sh
@@ -97,7 +102,7 @@ $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constr
 	touch $(KFP_STAMP)
 
 ## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP)
+test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
 	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
