@@ -25,7 +25,7 @@ from typing import Any
 from cairn.cli.progress import ProgressBar, human_size
 from cairn.version import __version__
 from cairn.exceptions import CairnError, ConfigError, NotFound
-from cairn.runtime import env
+from cairn.runtime import env, slurm
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.runtime.stores import open_store
@@ -418,8 +418,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     try:
+        key = args.key or slurm.default_key()
+        if not args.run_store or not key:
+            raise ConfigError(f"give --store and --key (or ${env.STORE} and ${env.KEY}; in a "
+                              "SLURM job the key defaults to the job's, docs/slurm.md)")
         settings = RunSettings(
-            store=args.run_store, key=args.key, argv=tuple(command),
+            store=args.run_store, key=key, argv=tuple(command),
+            workload_ignores_sigterm=slurm.job_from_env() is not None,
             every_s=None if args.every in ("0", "never") else parse_duration(args.every),
             grace_s=parse_duration(args.grace, allow_zero=True, name="--grace"),
             workdir=args.workdir, ghost_limit=args.ghost_limit_mb << 20,
@@ -526,9 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help=help_text, description=help_text, epilog=RUN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        usage="cairn run --store URL --key KEY [options] -- CMD [ARG...]")
-    p.add_argument("--store", dest="run_store", required=True, metavar="URL",
-                   help="a directory, file:///path or gs://bucket/prefix")
-    p.add_argument("--key", required=True, help="the work's key, e.g. my-dag/train/run-1")
+    p.add_argument("--store", dest="run_store", default=env.STORE.get(), metavar="URL",
+                   help=f"a directory, file:///path or gs://bucket/prefix (default ${env.STORE})")
+    p.add_argument("--key", default=None,
+                   help=f"the work's key, e.g. my-dag/train/run-1 (default ${env.KEY}; in a "
+                        "SLURM job slurm/CLUSTER/JOB_ID, or .../ARRAY_JOB_ID/TASK_ID)")
     p.add_argument("--every", default="10m", metavar="DURATION",
                    help="snapshot interval, like 30s, 10m or 1h; 0 for none (default 10m)")
     p.add_argument("--grace", default="30s", metavar="DURATION",

@@ -133,6 +133,9 @@ class RunSettings:
     # How a snapshot is restored (cairn.process.restore, ADR 0021).
     restore: restore_mod.RestoreMode = restore_mod.RestoreMode.EAGER
     suspend_poll_s: float = 5.0  # how often the store is read for a suspend request
+    # A fresh workload starts with SIGTERM ignored (SLURM signals every process of a job; the
+    # supervisor alone answers a SIGTERM, with the final snapshot: cairn.runtime.slurm).
+    workload_ignores_sigterm: bool = False
 
 
     def __post_init__(self) -> None:
@@ -613,6 +616,8 @@ class Supervisor:
 
         def in_child() -> None:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if s.workload_ignores_sigterm:  # inherited through exec, kept by a restore
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             if os.getppid() != supervisor:  # the supervisor died before prctl took effect
                 os._exit(1)
 

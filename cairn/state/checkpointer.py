@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
-from cairn.runtime import endings, env
+from cairn.runtime import endings, env, slurm
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
@@ -295,13 +295,15 @@ class Checkpointer:
 
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
-        """From ``CAIRN_STORE`` and ``CAIRN_KEY`` (set by the Airflow operator or KFP component),
-        plus optional ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and
-        ``CAIRN_EXCLUDE_SEQS`` (comma-separated seqs never to restore)."""
-        store, key = env.STORE.get(), env.KEY.get()
+        """From ``CAIRN_STORE`` and ``CAIRN_KEY`` (set by the Airflow operator or KFP component;
+        in a SLURM job without ``CAIRN_KEY``, the job's key, :mod:`cairn.runtime.slurm`), plus
+        optional ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and ``CAIRN_EXCLUDE_SEQS``
+        (comma-separated seqs never to restore)."""
+        store, key = env.STORE.get(), slurm.default_key()
         if not store or not key:
             raise ConfigError(f"{env.STORE} and {env.KEY} must be set (the cairn Airflow operator "
-                              "and KFP component set them); or use Checkpointer(store=..., key=...)")
+                              "and KFP component set them; a SLURM job names its own key); or "
+                              "use Checkpointer(store=..., key=...)")
         env_steps, env_seconds = env.EVERY_STEPS.get(), env.EVERY_SECONDS.get()
         try:
             if env_steps and "every_steps" not in options:
