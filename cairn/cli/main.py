@@ -289,6 +289,11 @@ def cmd_request(args: argparse.Namespace, store: Store) -> int:
         request = store.request_resume(key, reason=args.reason, placement=args.placement)
         made = before is None or before.resume != request
         then = "its next try resumes from the suspend snapshot"
+        if request.placement is not None:
+            then += f", on capacity option {request.placement}"
+        elif args.placement is not None and not made:
+            then += (f"; --placement {args.placement} changes nothing: the resume was asked "
+                     "already")
     what = "asked" if made else "was already asked"
     _emit(args, {"key": str(key), **request.to_json(), "new": made},
           f"{args.command} of {key} (try {request.epoch}) {what} by {request.by}; {then}")
@@ -502,8 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("key", metavar="KEY")
     p.add_argument("--reason", default=None, metavar="TEXT", help="why (shown by `cairn ls`)")
     p.add_argument("--placement", default=None, metavar="NAME",
-                   help="resume on another capacity option (pod-based steps only; not yet "
-                        "available: refused)")
+                   help="resume on another of the step's capacity options (placement=): "
+                        "pod-based steps only, once their try stopped; a step on an Airflow "
+                        "worker cannot be moved")
     p.set_defaults(func=cmd_request, create=False)
 
     p = command("rm", "Remove KEY's snapshots (a tombstone keeps zombie writers out).")

@@ -6,6 +6,9 @@ the deadline is at risk), the snapshot interval (Young–Daly), whether to avoid
 scheduled maintenance, and a one-line reason. Pure and deterministic: no clock unless ``now`` is
 left out, no I/O except :meth:`History.from_store`. Imports neither Kubernetes nor torch.
 
+``place_as_asked(options, name, by=...)`` places the try a resume request moved to option
+``name`` (``cairn resume --placement``), with the policy's interval for it.
+
 ``plan_resume(History.from_store(store, key), ResumePolicy(...))`` says which snapshots the
 next try may restore and whether it should run at all (errors versus preemptions, a crash
 loop's guard); :func:`after_try` whether an ended try retries, stops or is rescheduled.
@@ -22,6 +25,7 @@ from cairn.policy.decide import (
     PolicySettings,
     decide,
     estimate_option,
+    place_as_asked,
     poisson_quantile,
     summarize,
 )
@@ -44,6 +48,7 @@ __all__ = [
     "check_options",
     "decide",
     "estimate_option",
+    "place_as_asked",
     "plan_resume",
     "poisson_quantile",
     "summarize",

@@ -25,6 +25,8 @@ first on ties). Every :class:`Placement` carries a one-line ``reason``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import time
@@ -124,12 +126,19 @@ class Placement:
         """The interval as ``cairn run --every`` and ``with_snapshot_sidecar(every=)`` take it."""
         return f"{max(1, round(self.snapshot_interval_s))}s"
 
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The names of every option it was chosen from (what a resume may move the step to)."""
+        return tuple(e.option.name for e in self.estimates) or (self.option.name,)
+
     def env(self) -> dict[str, str]:
         """Environment for the try: its snapshot interval (the Checkpointer's
-        ``CAIRN_EVERY_SECONDS``) and the option and reason to copy into its outcome record."""
+        ``CAIRN_EVERY_SECONDS``) and the option, reason and option names to copy into its
+        outcome record."""
         return {env.EVERY_SECONDS.name: str(max(1, round(self.snapshot_interval_s))),
                 env.PLACEMENT_OPTION.name: self.option.name,
-                env.PLACEMENT_REASON.name: self.reason}
+                env.PLACEMENT_REASON.name: self.reason,
+                env.PLACEMENT_OPTIONS.name: json.dumps(list(self.options))}
 
 
 def _seconds(value: float | datetime | None, *, what: str) -> float | None:
@@ -269,6 +278,31 @@ def decide(options: Iterable[CapacityOption], history: History | None = None, *,
     return Placement(option=choice.option, snapshot_interval_s=choice.interval_s,
                      avoid_maintenance=settings.avoid_maintenance,
                      snapshot_on_notice=choice.notice_fits, reason=reason, estimates=estimates)
+
+
+def place_as_asked(options: Iterable[CapacityOption], name: str, *, by: str,
+                   history: History | None = None, deadline: float | datetime | None = None,
+                   now: float | datetime | None = None,
+                   settings: PolicySettings = PolicySettings()) -> Placement:
+    """The next try on option ``name``, as a resume request from ``by`` asked (``cairn resume
+    --placement``): the option is the operator's choice, the snapshot interval still the
+    policy's for that option. Raises ConfigError naming the options when ``name`` is none of
+    them."""
+    opts = check_options(options)
+    chosen = next((o for o in opts if o.name == name), None)
+    if chosen is None:
+        raise ConfigError(f"no capacity option is named {name!r}; this step's options are "
+                          f"{', '.join(o.name for o in opts)}")
+    policy = decide(opts, history, deadline=deadline, now=now, settings=settings)
+    estimate = next(e for e in policy.estimates if e.option.name == name)
+    notice = "; final snapshot fits notice" if estimate.notice_fits else ""
+    reason = (f"moved by resume request from {by}: {name} "
+              f"({'spot' if chosen.spot else 'on-demand'}; the policy would choose "
+              f"{policy.option.name}); snapshot every {estimate.interval_s:.0f} s{notice}")
+    reason = " ".join(reason.split())  # one line, whatever ``by`` holds
+    log.info("placement: %s", reason)
+    return dataclasses.replace(policy, option=chosen, snapshot_interval_s=estimate.interval_s,
+                               snapshot_on_notice=estimate.notice_fits, reason=reason)
 
 
 def _h(hours: float | None) -> str:

@@ -209,12 +209,14 @@ def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_a
 
 def record_observed(store: Any, key: Any, *, epoch: int, kind: OutcomeKind, started_at: float,
                     option: str | None = None, reason: str | None = None,
+                    options: tuple[str, ...] = (),
                     detail: dict[str, Any] | None = None) -> Outcome | None:
     """Leave the outcome record a try could not write itself, as its orchestrator observed it
-    (a pod the node ended, say); best effort: the record written, or None."""
+    (a pod the node ended, say); best effort: the record written, or None. ``options``: the
+    step's capacity option names."""
     outcome = Outcome(epoch=epoch, outcome=kind, started_at=started_at,
                       ended_at=max(time.time(), started_at), option=option, reason=reason,
-                      detail=dict(detail or {}))
+                      options=options, detail=dict(detail or {}))
     return outcome if record_best_effort(store, key, outcome) else None
 
 

@@ -232,15 +232,8 @@ def resume_target(key: object, requests: Sequence[Request], tries: Sequence[TryL
                   placement: str | None = None) -> tuple[int, Request | None]:
     """The epoch whose suspension a resume of ``key`` lifts, and the resume already asked
     for it (a second resume changes nothing). Raises :class:`ConfigError` when ``key`` is not
-    suspended or a ``placement`` is asked for, :class:`NotFound` when it is unknown."""
-    if placement is not None:
-        # Only a pod can be moved (its spec is cairn's to write); moving pods is not built yet.
-        raise ConfigError(
-            f"cannot resume {key} on placement {placement!r}: only a step that runs in its own "
-            "pod (CairnKubernetesPodOperator, @task.cairn(pod=...)) can be moved, and cairn "
-            "cannot move one yet. A step on an Airflow worker cannot be moved at all: Airflow "
-            "has no call that changes a task instance's queue or pool. Resume it without "
-            "--placement; nothing was changed")
+    suspended or the ``placement`` asked for is not one the suspended try can move to (see
+    :func:`check_placement`), :class:`NotFound` when it is unknown."""
     if not tries:
         raise NotFound(f"key {key} is unknown in this store (no tries); check the key with "
                        "`cairn ls STORE`")
@@ -248,4 +241,34 @@ def resume_target(key: object, requests: Sequence[Request], tries: Sequence[TryL
     if current is None:
         raise ConfigError(f"key {key} is not suspended: there is nothing to resume "
                           "(suspend it first with `cairn suspend STORE KEY`)")
+    if placement is not None and current.resume is None:
+        check_placement(key, placement, current.suspend.epoch, outcomes)
     return current.suspend.epoch, current.resume
+
+
+def check_placement(key: object, placement: str, epoch: int,
+                    outcomes: Sequence[Outcome]) -> None:
+    """Refuse (:class:`ConfigError`, nothing changed) a resume of ``key`` on ``placement``
+    unless the suspended try ``epoch`` recorded ``placement`` among its capacity options.
+
+    Only a step that runs in its own pod can be moved: its pod spec is cairn's to write, and
+    its tries record their options (``Outcome.options``). A step on an Airflow worker records
+    none; a try that has not stopped yet has no outcome, and moving it would mean stopping it."""
+    ended = next((o for o in outcomes if o.epoch == epoch), None)
+    if ended is None:
+        raise ConfigError(
+            f"cannot resume {key} on placement {placement!r} yet: its try {epoch} has not "
+            "stopped (the suspend is not honoured yet). Wait until `cairn ls` shows it "
+            "suspended, then resume it with --placement; nothing was changed")
+    if not ended.options:
+        raise ConfigError(
+            f"cannot resume {key} on placement {placement!r}: its try {epoch} recorded no "
+            "capacity options. Only a step that runs in its own pod "
+            "(CairnKubernetesPodOperator, @task.cairn(pod=...)) with placement= options can be "
+            "moved; a step on an Airflow worker cannot be moved at all, since Airflow has no "
+            "call that changes a task instance's queue or pool. Resume it without --placement; "
+            "nothing was changed")
+    if placement not in ended.options:
+        raise ConfigError(
+            f"cannot resume {key} on placement {placement!r}: it is not one of the step's "
+            f"capacity options ({', '.join(ended.options)}); nothing was changed")

@@ -240,6 +240,7 @@ def record_pod_outcome(store: Any, key: Any, pod: Any, container: str, *,
         store, key, epoch=last.epoch, kind=kind, started_at=last.opened_at,
         option=placement.option.name if placement is not None else None,
         reason=placement.reason if placement is not None else None,
+        options=placement.options if placement is not None else (),
         detail={k: v for k, v in detail.items() if v is not None})
 
 
@@ -462,6 +463,41 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
         log.info("cairn placement for %s: %s", key, decision.reason)
         return decision
 
+    def asked_placement(self, store: StoreConfig, key: Any) -> tuple[str, str] | None:
+        """``(option name, who asked)`` when ``key``'s suspension was lifted by a resume
+        request that names a placement and no try has started since (``cairn resume
+        --placement``): this try goes there. None otherwise, and when the name is not one of
+        ``placement`` (the DAG changed since the request was checked; logged)."""
+        from cairn import open_store
+        from cairn.exceptions import NotFound
+
+        try:
+            with scoped_environ(store.env), open_store(store.url, create=False) as opened:
+                current = opened.suspension(key)
+        except NotFound:  # no store yet: the first try creates it
+            return None
+        # A suspension with a resume is one no try has started after (Store.suspension).
+        resume = current.resume if current is not None else None
+        if resume is None or resume.placement is None:
+            return None
+        names = [o.name for o in self.placement]
+        if resume.placement not in names:
+            log.warning("cairn: %s was resumed on placement %r, which this task no longer has "
+                        "(its options: %s); placing it by the policy", key, resume.placement,
+                        ", ".join(names))
+            return None
+        return resume.placement, resume.by
+
+    def move_placement(self, history: Any, key: Any, name: str, by: str) -> Any:
+        """:func:`cairn.policy.place_as_asked`: the try on option ``name``, as ``by`` asked."""
+        from cairn.policy import PolicySettings, place_as_asked
+
+        placement = place_as_asked(self.placement, name, by=by, history=history,
+                                   deadline=self.deadline,
+                                   settings=self.policy_settings or PolicySettings())
+        log.info("cairn placement for %s: %s", key, placement.reason)
+        return placement
+
     def _pinned_image(self, context: Any) -> str | None:
         stored = _state_get(context, IMAGE_STATE_KEY)
         if not isinstance(stored, dict) or not self.image:
@@ -478,8 +514,12 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
         this_try = None
         if self.placement or context is not None:  # one read serves placement and resume
             this_try = begin_try(store.url, key, self.resume_policy, env=store.env, check=False)
-        placement = (self.decide_placement(this_try.history if this_try else None, key)
-                     if self.placement else None)
+        placement = None
+        if self.placement:
+            history = this_try.history if this_try else None
+            asked = self.asked_placement(store, key) if context is not None else None
+            placement = (self.decide_placement(history, key) if asked is None
+                         else self.move_placement(history, key, *asked))
         every = placement.every if placement is not None else str(self.every)
         resume = this_try if context is not None else None
         if resume is not None:

@@ -11,6 +11,7 @@ at run time) is ``FakeTaskStateStore``, a dict.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import types
@@ -28,7 +29,7 @@ from kubernetes.client import models as k8s
 
 from cairn.exceptions import ConfigError, Fenced, Preempted
 from cairn.policy import CapacityOption, PolicySettings
-from cairn.store import open_store
+from cairn.store import Key, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind
 from cairn_airflow.kubernetes import (
     IMAGE_STATE_KEY,
@@ -206,7 +207,7 @@ def placed(doc: dict[str, Any]) -> dict[str, Any]:
     env = {e["name"]: e.get("value") for e in container(doc, "base").get("env", [])}
     return {"selector": spec.get("nodeSelector", {}), "tolerations": spec.get("tolerations", []),
             "priority": spec.get("priorityClassName"), "option": env.get("CAIRN_PLACEMENT_OPTION"),
-            "every": container(doc, "base")["command"][7]}
+            "every": (container(doc, "base")["command"] + [None] * 8)[7]}  # process mode
 
 
 def test_with_no_history_a_try_goes_to_spot(kubeconfig: str, store_url: str) -> None:
@@ -601,3 +602,110 @@ def test_the_example_dag_renders_its_pod(kubeconfig: str, store_url: str,
     op.dry_run()
     printed = capsys.readouterr().out
     assert "cairn-sidecar" in printed and "dry-run" in printed
+
+
+# -- moving a suspended pod-based step (issue 19 item 4) ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[3]
+# What the pod's main container gets from its spec and the test passes to the process that
+# stands in for it (the transform's channel paths name the pod's shared volume, not here).
+_PASSED = ("CAIRN_STORE", "CAIRN_KEY", "CAIRN_EVERY_SECONDS", "CAIRN_PLACEMENT_OPTION",
+           "CAIRN_PLACEMENT_REASON", "CAIRN_PLACEMENT_OPTIONS")
+
+
+def _main_container(doc: dict[str, Any], *, pace: float) -> Any:
+    """The pod's main container as a real process: a state-mode torch training try
+    (``tests.support.try_training``) with the pod spec's cairn environment."""
+    import os
+    import subprocess
+
+    values = {e["name"]: e["value"] for e in container(doc, "base").get("env", [])
+              if e["name"] in _PASSED and "value" in e}
+    environ = {**os.environ, **values, "CAIRN_SUSPEND_POLL": "0.2s"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.try_training", values["CAIRN_STORE"],
+         values["CAIRN_KEY"], "--total", "30", "--every", "2", "--pace", str(pace)],
+        cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _cairn(*args: str, check: int = 0) -> Any:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == check, (proc.stdout, proc.stderr)
+    return proc
+
+
+def test_a_suspended_pod_step_resumes_on_the_placement_the_resume_names(
+        kubeconfig_for: Any, kubeconfig: str, store_url: str) -> None:
+    """Suspend a pod-based step mid-run (its main container a real training process), see the
+    task defer (Airflow's cleanup against a fake API server), resume it with ``cairn resume
+    --placement``: the continuation's pod is built on that option, and the new try's outcome
+    record names the option and who moved it there."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    options = dict(placement=[SPOT, ON_DEMAND], mode="state")
+    op = make_operator(kubeconfig, store_url, **options)
+    context = context_for(op)
+    key = str(task_key(context))
+    first = manifest(op.build_pod_request_obj(context))
+    assert placed(first)["option"] == SPOT.name  # no history: spot
+    proc = _main_container(first, pace=0.05)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("committed 3"):
+            _cairn("suspend", store_url, key, "--reason", "GPUs needed")
+            break
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 77, out  # suspended: its final snapshot taken
+
+    with pytest.raises(TaskDeferred):  # the pod ended 77: the task waits, its pod deleted
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=77, reason="Error"),
+                      **options)
+
+    wrong = _cairn("resume", store_url, key, "--placement", "h100", check=2)
+    assert "not one of the step's capacity options (l4-spot, l4-on-demand)" in wrong.stderr
+    moved = _cairn("resume", store_url, key, "--placement", ON_DEMAND.name, "--json")
+    by = json.loads(moved.stdout)["by"]
+    [listed] = json.loads(_cairn("ls", store_url, "--json").stdout)
+    assert listed["state"] == "resume-requested"
+    assert listed["suspension"]["placement"] == ON_DEMAND.name
+
+    # The continuation (resume_suspended -> execute) builds its pod: on the named option.
+    again = make_operator(kubeconfig, store_url, **options)
+    second = manifest(again.build_pod_request_obj(context_for(again)))
+    got = placed(second)
+    assert got["option"] == ON_DEMAND.name and got["priority"] == "cairn-on-demand"
+    assert got["selector"] == {"cloud.google.com/gke-provisioning": "standard"}
+    assert not any(t.get("key") == "cloud.google.com/gke-spot" for t in got["tolerations"])
+    reason = again.cairn_plan.placement.reason  # type: ignore[union-attr]
+    assert reason.startswith(f"moved by resume request from {by}: {ON_DEMAND.name}")
+    kubernetes_validate.validate(second, "1.29", strict=True)
+
+    proc = _main_container(second, pace=0.0)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    start = int(next(line for line in out.splitlines() if line.startswith("start ")).split()[1])
+    assert start >= 4  # resumed from the suspend snapshot, not from the start
+    with open_store(store_url) as store:
+        suspended, resumed = store.outcomes(task_key(context))
+    assert suspended.outcome is OutcomeKind.SUSPENDED and suspended.option == SPOT.name
+    assert suspended.options == (SPOT.name, ON_DEMAND.name)
+    assert resumed.outcome is OutcomeKind.SUCCEEDED and resumed.option == ON_DEMAND.name
+    assert resumed.reason == reason
+
+
+def test_a_step_on_an_airflow_worker_cannot_be_moved(store_url: str) -> None:
+    """A try that recorded no capacity options (what a step on a worker records) is refused a
+    placement, with why; the resume without one goes through."""
+    with open_store(store_url) as store:
+        key = Key(("dag", "on_a_worker", "run", "-1"))
+        attempt = store.open_attempt(key)
+        store.request_suspend(key, by="ops")
+        store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+                                          started_at=time.time() - 5, ended_at=time.time()))
+    refused = _cairn("resume", store_url, str(key), "--placement", ON_DEMAND.name, check=2)
+    assert ("Airflow has no call that changes a task instance's queue or pool"
+            in refused.stderr)
+    _cairn("resume", store_url, str(key))

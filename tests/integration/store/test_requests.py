@@ -66,13 +66,44 @@ def test_resume_lifts_the_suspension_once_and_the_next_try_clears_it(store: Stor
         store.request_resume(KEY)
 
 
+def _suspended(store: Store, key: Key, *, options: tuple[str, ...] = ()) -> int:
+    """A try of ``key`` asked to suspend, which honoured it recording ``options``."""
+    attempt = store.open_attempt(key)
+    store.request_suspend(key)
+    store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+                                      started_at=T, ended_at=T + 1, options=options))
+    return attempt.epoch
+
+
 def test_resume_on_another_placement_is_refused_with_why(store: Store) -> None:
     store.open_attempt(KEY)
     store.request_suspend(KEY)
+    with pytest.raises(ConfigError, match="has not stopped"):
+        store.request_resume(KEY, placement="a100-ondemand")
+    # A step on an Airflow worker records no capacity options: it cannot be moved at all.
+    worker = Key(("dag", "on-a-worker", "run-1", "0"))
+    _suspended(store, worker)
     with pytest.raises(ConfigError, match="Airflow has no call that changes a task instance's "
                                           "queue or pool"):
-        store.request_resume(KEY, placement="a100-ondemand")
-    assert [r.kind for r in store.requests(KEY)] == [RequestKind.SUSPEND]
+        store.request_resume(worker, placement="a100-ondemand")
+    pod = Key(("dag", "in-a-pod", "run-1", "0"))
+    _suspended(store, pod, options=("a100-spot", "a100-ondemand"))
+    with pytest.raises(ConfigError, match=r"not one of the step's capacity options "
+                                          r"\(a100-spot, a100-ondemand\)"):
+        store.request_resume(pod, placement="h100")
+    for key in (KEY, worker, pod):
+        assert [r.kind for r in store.requests(key)] == [RequestKind.SUSPEND]
+
+
+def test_a_pod_step_resumes_on_one_of_its_options(store: Store) -> None:
+    epoch = _suspended(store, KEY, options=("a100-spot", "a100-ondemand"))
+    asked = store.request_resume(KEY, by="ops@example", placement="a100-ondemand")
+    assert (asked.epoch, asked.placement) == (epoch, "a100-ondemand")
+    held = store.suspension(KEY)
+    assert held is not None and held.state is SuspendState.RESUMING
+    assert held.to_json()["placement"] == "a100-ondemand"
+    # A second resume changes nothing, whatever it names.
+    assert store.request_resume(KEY, placement="a100-spot") == asked
 
 
 def test_suspending_an_unknown_done_or_ended_key_is_refused_and_writes_nothing(
