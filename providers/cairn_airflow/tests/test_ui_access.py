@@ -267,6 +267,49 @@ def test_suspend_and_resume_need_clear_access(client: Any, stores: dict[str, Pat
     assert current.resume.by == "editor (Airflow)" and current.resume.reason == "urgent job done"
 
 
+def test_the_page_resumes_a_pod_step_on_another_of_its_options(
+        client: Any, stores: dict[str, Path]) -> None:
+    """Issue 19 item 4: a suspended try that recorded its capacity options (a pod-based step
+    with placement=) gets a placement choice on the page; the resume records it, a name that is
+    not an option answers 409 with the names, and a suspend cannot name one."""
+    import time
+
+    from cairn.store import Key, open_store
+    from cairn.store.outcomes import Outcome, OutcomeKind
+
+    run_id = "manual__move"
+    key = Key((MINE, TASK_ID, run_id, "-1"))
+    with open_store(str(stores["own"])) as store:
+        attempt = store.open_attempt(key)
+        store.request_suspend(key, by="ops")
+        store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+                                          started_at=time.time() - 5, ended_at=time.time(),
+                                          option="l4-spot",
+                                          options=("l4-spot", "l4-on-demand")))
+    editor = _auth(client, "editor")
+    page = client.get(f"/cairn/snapshots?{_query(run_id=run_id)}", headers=editor)
+    assert '<select name="placement" id="placement">' in page.text
+    assert '<option value="l4-on-demand">on l4-on-demand</option>' in page.text
+    wrong = client.post(f"/cairn/api/snapshots/resume?{_query(run_id=run_id)}",
+                        headers=editor, json={"placement": "h100"})
+    assert wrong.status_code == 409
+    assert "capacity options (l4-spot, l4-on-demand)" in wrong.json()["detail"]
+    suspend = client.post(f"/cairn/api/snapshots/suspend?{_query(run_id=run_id)}",
+                          headers=editor, json={"placement": "l4-on-demand"})
+    assert suspend.status_code == 422
+    form = client.post(f"/cairn/snapshots/resume?{_query(run_id=run_id)}", headers=editor,
+                       data={"reason": "spot is scarce", "placement": "l4-on-demand"},
+                       follow_redirects=False)
+    assert form.status_code == 303, form.text
+    with open_store(str(stores["own"])) as store:
+        current = store.suspension(key)
+    assert current is not None and current.resume is not None
+    assert (current.resume.by, current.resume.placement) == ("editor (Airflow)",
+                                                             "l4-on-demand")
+    page = client.get(f"/cairn/snapshots?{_query(run_id=run_id)}", headers=editor)
+    assert 'id="placement"' not in page.text  # resumed: nothing left to choose
+
+
 def test_discard_needs_clear_access(client: Any, stores: dict[str, Path]) -> None:
     """Runs last: it removes DAG cairn_ui_mine's snapshots from its own store."""
     from cairn.store import Key, open_store

@@ -6,7 +6,7 @@ Routes (query: ``dag_id``, ``task_id``, ``run_id``, ``map_index`` (default -1), 
 - ``GET /cairn/snapshots``: the HTML page (works without JavaScript);
 - ``GET /cairn/api/snapshots``: the same report as JSON;
 - ``POST /cairn/api/snapshots/suspend`` and ``.../resume`` (JSON body ``{"reason": ...}``,
-  optional), and ``POST /cairn/snapshots/suspend`` and ``.../resume`` (the page's forms,
+  optional; a resume may add ``"placement"``, one of a pod-based step's capacity options), and ``POST /cairn/snapshots/suspend`` and ``.../resume`` (the page's forms,
   answered with a redirect back to the page): ask the key's running try to suspend, or lift
   its suspension (``Store.request_suspend`` / ``request_resume``, as ``cairn suspend`` and
   ``cairn resume`` do; the requester is the Airflow user). A key that is unknown answers 404,
@@ -275,9 +275,11 @@ class RequestKind(str, enum.Enum):
 
 
 class AskBody(BaseModel):
-    """The JSON body of a suspend or resume request (optional)."""
+    """The JSON body of a suspend or resume request (optional); a resume may name a
+    ``placement``, one of a pod-based step's capacity options, to move it to."""
 
     reason: str | None = None
+    placement: str | None = None
 
 
 def check_reason(reason: str | None) -> str | None:
@@ -291,8 +293,20 @@ def check_reason(reason: str | None) -> str | None:
     return text
 
 
+def check_placement(kind: RequestKind, placement: str | None) -> str | None:
+    """A capacity option's name (None when empty), asked for with a resume only; 422
+    otherwise. Whether the step has that option is the store's to say (409)."""
+    name = (placement or "").strip()
+    if not name:
+        return None
+    if kind is not RequestKind.RESUME:
+        raise HTTPException(422, "only a resume names a placement")
+    return check_reason(name)
+
+
 def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
-        kind: RequestKind, by: str, reason: str | None) -> dict[str, Any]:
+        kind: RequestKind, by: str, reason: str | None,
+        placement: str | None = None) -> dict[str, Any]:
     """Make the suspend or resume request for the task instance's key; returns the key, the
     request and the suspension as JSON. HTTPException 404 (unknown key or store) or 409 (not
     running, done, not suspended), and then nothing was written."""
@@ -312,7 +326,7 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
             if kind is RequestKind.SUSPEND:
                 made = store.request_suspend(key, by=by, reason=reason)
             else:
-                made = store.request_resume(key, by=by, reason=reason)
+                made = store.request_resume(key, by=by, reason=reason, placement=placement)
             current = store.suspension(key)
     except NotFound as e:
         raise HTTPException(404, str(e).replace(config.url, label)) from None
@@ -435,12 +449,14 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
         return RedirectResponse(f"{prefix}{PAGE_PATH}?{urlencode(names)}", status_code=303)
 
     def authorized_ask(request: Request, user: Any, session: Any, ti: Ti, conn_id: str | None,
-                       kind: RequestKind, reason: str | None) -> tuple[int, str, dict[str, Any]]:
+                       kind: RequestKind, reason: str | None,
+                       placement: str | None = None) -> tuple[int, str, dict[str, Any]]:
         """The map index, the connection chosen and what ``ask`` made."""
         dag_id, task_id, run_id, _ = ti
         index, chosen = allowed(request, user, session, ti, Verify.PRESENT, conn_id)
         made = ask(dag_id, task_id, run_id, index, conn_id=chosen, kind=kind,
-                   by=requester(user), reason=check_reason(reason))
+                   by=requester(user), reason=check_reason(reason),
+                   placement=check_placement(kind, placement))
         return index, chosen, made
 
     def add_ask_routes(kind: RequestKind) -> None:
@@ -451,16 +467,20 @@ def create_app(*, settings: UiSettings | None = None) -> FastAPI:
                      body: Annotated[AskBody | None, Body()] = None,
                      conn_id: str | None = None) -> JSONResponse:
             reason = body.reason if body is not None else None
-            _, _, made = authorized_ask(request, user, session, ti, conn_id, kind, reason)
+            placement = body.placement if body is not None else None
+            _, _, made = authorized_ask(request, user, session, ti, conn_id, kind, reason,
+                                        placement)
             return JSONResponse(made)
 
         @app.post(f"{PAGE_PATH}/{kind.value}", dependencies=can_discard)
         def ask_form(request: Request, session: SessionDep, user: GetUserDep,
                      ti: Annotated[Ti, Depends(ti_query)],
                      reason: Annotated[str | None, Form()] = None,
+                     placement: Annotated[str | None, Form()] = None,
                      conn_id: str | None = None) -> RedirectResponse:
             dag_id, task_id, run_id, _ = ti
-            index, chosen, _ = authorized_ask(request, user, session, ti, conn_id, kind, reason)
+            index, chosen, _ = authorized_ask(request, user, session, ti, conn_id, kind, reason,
+                                              placement)
             names = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id,
                      "map_index": str(index), "asked": kind.value}
             if conn_id is not None:

@@ -218,10 +218,16 @@ def _suspension_section(report: TaskReport, *, suspend_url: str | None,
         parts.append('<p class="meta" id="suspension">' + " · ".join(lines) + "</p>")
     # Forms, not scripts: the iframe allows forms only. The reason is optional.
     if report.held and resume_url:
+        # A pod-based step may move to another of its capacity options (cairn resume
+        # --placement); the first choice leaves the placement to the policy.
+        choices = "".join(f'<option value="{escape(name)}">on {escape(name)}</option>'
+                          for name in report.move_options)
+        where = ('<select name="placement" id="placement"><option value="">where the policy '
+                 f"places it</option>{choices}</select> " if choices else "")
         parts.append(f'<form method="post" action="{escape(resume_url)}" id="resume-form">'
                      '<input name="reason" maxlength="200" placeholder="reason (optional)"> '
-                     '<button type="submit" id="resume">Resume</button> the step continues '
-                     "from its suspend snapshot</form>")
+                     f'{where}<button type="submit" id="resume">Resume</button> the step '
+                     "continues from its suspend snapshot</form>")
     elif report.running and suspend_url and (
             held is None or not report.tries or held.get("epoch") != report.tries[-1].epoch):
         # One suspend per try: a try whose suspend was cancelled by a resume keeps running.

@@ -125,6 +125,9 @@ class TaskReport:
     # why, the resume), None when it has none.
     suspension: dict[str, Any] | None = None
     running: bool = False  # the newest try has no outcome record yet: it can be suspended
+    # The capacity options a resume may move the suspended step to (its try recorded them:
+    # a pod-based step with placement=); empty for a step that cannot be moved.
+    move_options: tuple[str, ...] = ()
 
     @property
     def held(self) -> bool:
@@ -310,8 +313,11 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
     last = tries[-1] if tries else None
     running = (not done and last is not None and last.outcome is None
                and outcomes is not None and last.ended == "no done record")
+    stopped = by_epoch.get(suspended["epoch"]) if suspended is not None else None
+    movable = (stopped.options if stopped is not None and suspended is not None
+               and suspended.get("resumed_by") is None else ())
     return TaskReport(
-        suspension=suspended, running=running,
+        suspension=suspended, running=running, move_options=tuple(movable),
         key=str(key), store=store.url, state="done" if done else "active",
         snapshots=tuple(rows), tries=tuple(tries), points=points, resumes=tuple(resumes),
         started_at=cycle[0].created_at if cycle else None, seconds_per_step=per_step,
