@@ -9,9 +9,14 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
 - with ``placement=`` (capacity options), :func:`cairn.policy.decide` chooses the option from
   the step's outcome records in the store; the pod gets that option's node selector
   (ComputeClass), tolerations, priority class and Kueue label, the decision's snapshot interval,
-  the maintenance-avoiding affinity, and ``CAIRN_PLACEMENT_OPTION``/``_REASON`` so the try's
-  outcome record says where it ran and why; the one-line reason is logged. Airflow cannot move a
-  running task: the choice applies to each *new* pod, which is the only per-try choice there is;
+  the maintenance-avoiding affinity, and ``CAIRN_PLACEMENT_OPTION``/``_REASON``/``_OPTIONS``
+  so the try's outcome record says where it ran, why, and where it could have run; the one-line
+  reason is logged. Airflow cannot move a running task: the choice applies to each *new* pod,
+  which is the only per-try choice there is;
+- a suspended step resumed with ``cairn resume --placement NAME`` (or the page's placement
+  choice) gets its next pod on option ``NAME`` (:func:`cairn.policy.place_as_asked`: the
+  policy's interval for it, the reason "moved by resume request from WHO"); later tries are
+  placed by the policy again (docs/adr/0031);
 - the main container (``base``) gets cairn's transform (:func:`cairn.k8s.with_snapshot_sidecar`):
   in process mode its command becomes ``cairn run ... -- CMD``; it gets the cairn sidecar, the
   shared volume, env and security settings. The attempt's epoch is opened by ``cairn run`` (or
