@@ -152,6 +152,8 @@ def _tries_lines(tries: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(f"{t['epoch']:>5} {_dash(t['outcome']):12} {t['snapshots']:>5} "
                      f"{_dash(t['last_step']):>9} {written:>10} {stall:>8}  "
                      f"{_dash(t['option'])}")
+    if any(not t["complete"] for t in tries):
+        lines.append("  +: at least (retention pruned some snapshots before they were counted)")
     return lines
 
 
