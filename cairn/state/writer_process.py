@@ -8,9 +8,10 @@ commits each staged snapshot, and reports ``committed`` or ``failed`` per snapsh
 A writer process that dies is noticed by the trainer (end of stream), which logs the error,
 keeps training, and starts a new writer at the next snapshot; the new one adopts any record the
 dead one committed without reporting (``Store.resume_attempt``). A snapshot it had not
-committed is simply absent: nothing partial is ever visible. The writer runs in its own session,
-so a signal sent to the trainer's process group does not kill it mid-persist; it exits when the
-trainer's end of the socket closes, after finishing what it is doing.
+committed is simply absent: nothing partial is ever visible. The writer runs in its own session
+and ignores SIGTERM, so a signal sent to the trainer's process group (or, under SLURM, to every
+process of the job) does not kill it mid-persist; it exits when the trainer's end of the socket
+closes, after finishing what it is doing.
 
 The writer yields to training: it runs under ``SCHED_IDLE`` (else at ``nice`` 19) and at the
 lowest best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
@@ -27,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import socket
 import struct
 import subprocess
@@ -209,6 +211,10 @@ def lower_priority(nice: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="cairn-writer: %(message)s")
+    # The trainer's socket, not a signal, ends this process. A SIGTERM sent to every process
+    # of the job (SLURM does, not only to the process group) must not cut a final snapshot
+    # short; SIGKILL still ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lower_priority(int(args[1]) if len(args) > 1 else WRITER_NICE)
     sock = socket.socket(fileno=int(args[0]))
     try:
