@@ -59,6 +59,8 @@ def test_ls_shows_the_killed_tries_snapshots_and_last_step_after_success(tmp_pat
     assert succeeded["outcome"] == "succeeded" and succeeded["complete"] is True
     assert succeeded["last_step"] == 23 and succeeded["snapshots"] >= 1
     assert succeeded["stall_s"] is not None and succeeded["bytes_written"] > 0
+    assert succeeded["resumed_step"] == start - 1 and succeeded["steps_saved"] == start
+    assert succeeded["seconds_saved"] is not None and succeeded["seconds_saved"] > 0
 
     text = cairn("ls", str(store), KEY)
     lines = text.splitlines()
