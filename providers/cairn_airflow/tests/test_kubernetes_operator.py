@@ -637,6 +637,7 @@ def _cairn(*args: str, check: int = 0) -> Any:
     return proc
 
 
+@pytest.mark.slow
 def test_a_suspended_pod_step_resumes_on_the_placement_the_resume_names(
         kubeconfig_for: Any, kubeconfig: str, store_url: str) -> None:
     """Suspend a pod-based step mid-run (its main container a real training process), see the

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 KEY = ("train_dag", "train", "manual__2026-12-02T00:00:00+00:00", "-1")
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -21,6 +23,7 @@ def training(store: Path, key: str, *, pace: float) -> subprocess.Popen[str]:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_the_page_of_a_finished_step_shows_the_killed_try(tmp_path: Path) -> None:
     from cairn.store import Key, open_store
     from cairn_airflow.plugins.page import render_page

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 KEY = "etl/train/manual__2026-12-02T00:00:00+00:00/-1"
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,6 +29,7 @@ def cairn(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_ls_shows_the_killed_tries_snapshots_and_last_step_after_success(tmp_path: Path) -> None:
     store = tmp_path / "store"
     victim = training(store, pace=0.05)
