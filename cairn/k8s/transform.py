@@ -673,8 +673,8 @@ def with_snapshot_sidecar(
         if key_env:
             _prepend_env(main, key_env)
             _prepend_env(sidecar, key_env)
-            if mode is PodMode.PROCESS:  # a suspended Job ends suspended (needs job_reader_rbac)
-                sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
+            # A suspended Job's try ends suspended, in both modes (needs job_reader_rbac).
+            sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
 
     manifest, model = _as_manifest(pod)
     kind = manifest.get("kind")

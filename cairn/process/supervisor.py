@@ -101,7 +101,6 @@ FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but a
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
 SOCKET_DIR_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")  # where a restore may make a socket's dir
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
-CAUSE_WAIT_S = 3.0  # after the final dump, how long the sidecar's answer (ADR 0028) is awaited
 
 
 class OnSuccess(str, enum.Enum):
@@ -1113,7 +1112,7 @@ class Supervisor:
         assert self.settings.notice_file is not None
         # Never past the grace: a SIGKILL before the exit would leave no outcome at all.
         left = FinalBudget(self.settings.grace_s, self._signal_at).remaining()
-        wait_s = max(0.0, min(CAUSE_WAIT_S, left - SPOOL_EXIT_MARGIN_S))
+        wait_s = channel.cause_wait_s(left)
         self._cause = channel.await_cause(
             os.path.dirname(os.path.abspath(self.settings.notice_file)), asked_at,
             timeout_s=wait_s)

@@ -39,6 +39,11 @@ TAKEN_NAME = "notice.taken.json"
 STATUS_NAME = "status.json"
 CAUSE_NAME = "cause.json"
 TERMINATING_NAME = "terminating.json"
+# After the final snapshot, how long the sidecar's answer to an ask (ADR 0028) is awaited, and
+# how much of the budget is left untouched by the wait: a SIGKILL before the exit would leave
+# no outcome at all.
+CAUSE_WAIT_S = 3.0
+CAUSE_EXIT_MARGIN_S = 0.5
 
 
 def write_json_atomic(path: str, doc: dict[str, Any]) -> None:
@@ -228,6 +233,13 @@ def read_ask(directory: str) -> float | None:
         return float(doc["at"])
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"malformed {TERMINATING_NAME}: {doc}") from None
+
+
+def cause_wait_s(budget_left_s: float) -> float:
+    """How long to await the sidecar's answer when ``budget_left_s`` of the final budget is
+    left: at most :data:`CAUSE_WAIT_S`, and never into the budget's last
+    :data:`CAUSE_EXIT_MARGIN_S`."""
+    return max(0.0, min(CAUSE_WAIT_S, budget_left_s - CAUSE_EXIT_MARGIN_S))
 
 
 def await_cause(directory: str, asked_at: float, *, timeout_s: float,

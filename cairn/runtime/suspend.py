@@ -103,6 +103,16 @@ def honoured(request: Request | None, *, seq: int | None, what: str) -> Suspende
                      code=int(ExitCode.SUSPENDED), seq=seq)
 
 
+def evicted(reason: str, *, seq: int | None, what: str) -> Suspended:
+    """The :class:`Suspended` a try raises when the sidecar said its Job was suspended (a Kueue
+    eviction, ADR 0028) rather than its pod preempted; ``seq`` is the final snapshot (None: the
+    previous one is kept)."""
+    kept = (f"final snapshot seq {seq} holds {what}" if seq is not None
+            else "no final snapshot, the previous one is kept")
+    return Suspended(f"{reason}: suspended, not preempted ({kept}); it resumes when the Job is "
+                     "readmitted", code=int(ExitCode.SUSPENDED), seq=seq)
+
+
 def held(store: Any, key: Any) -> Suspended | None:
     """The :class:`Suspended` a try that is starting must stop with, because ``key`` is held
     suspended (no resume was asked for yet); None when it may run."""

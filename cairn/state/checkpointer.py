@@ -49,6 +49,8 @@ import enum
 import json
 import logging
 import math
+import os
+import signal
 import threading
 import time
 from collections.abc import Collection, Iterator
@@ -59,8 +61,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from cairn.exceptions import CairnError, ConfigError, CorruptSnapshot, Fenced, Preempted, StoreError
+from cairn.exceptions import (
+    CairnError,
+    ConfigError,
+    CorruptSnapshot,
+    Fenced,
+    Preempted,
+    StoreError,
+    Suspended,
+)
 from cairn.runtime import endings, env, slurm
+from cairn.runtime import channel
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
@@ -526,12 +537,15 @@ class Checkpointer:
         return policy.every_seconds
 
     def _final_snapshot(self, step: int) -> None:
-        """A notice arrived: snapshot if the measured cost fits what is left, then chain."""
+        """A notice arrived: snapshot if the measured cost fits what is left, then chain; or,
+        when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR 0028), record
+        the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended` instead."""
         assert self._notice is not None
         remaining = self._notice.remaining()
         name = self._notice.describe()
         if self._status is not None:
             self._status.notice(self._notice.source())
+        asked_at = self._ask_cause()
         seq = None
         if self.snapshot_cost_s is not None and self.snapshot_cost_s > remaining:
             log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",
@@ -544,9 +558,56 @@ class Checkpointer:
                     log.warning("%s: final snapshot seq %d at step %d", name, seq, step)
             except CairnError as e:
                 log.error("%s: final snapshot failed: %s", name, e)
+        evicted = self._evicted(asked_at, seq=seq, what=f"step {step}")
+        if evicted is not None:
+            self._notice.uninstall()  # the signal is answered: no redelivery once the budget ends
+            raise evicted
         self._notice.chain()
         raise Preempted(f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
                         if seq is not None else "no final snapshot"), seq=seq)
+
+    def _ask_cause(self) -> float | None:
+        """On a signal, in a pod whose sidecar can tell (``cause.json`` beside the notice file),
+        ask it why the pod is stopping, before the final snapshot so that the answer is there
+        after it. Rank 0 asks for every rank (one Job is suspended as a whole)."""
+        notice = self._notice
+        if notice is None or notice.signum is None or not notice.notice_file \
+                or self._group.rank != 0:
+            return None
+        return channel.ask_cause(os.path.dirname(os.path.abspath(notice.notice_file)),
+                                 signal_name=signal.Signals(notice.signum).name)
+
+    def _evicted(self, asked_at: float | None, *, seq: int | None,
+                 what: str) -> Suspended | None:
+        """After the final snapshot: the :class:`Suspended` to raise when the sidecar answered
+        that the Job is suspended (its outcome recorded by rank 0), else None (a preemption;
+        the answer's reason logged). Every rank learns rank 0's answer."""
+        cause = None
+        if asked_at is not None:
+            assert self._notice is not None and self._notice.notice_file
+            cause = channel.await_cause(
+                os.path.dirname(os.path.abspath(self._notice.notice_file)), asked_at,
+                timeout_s=channel.cause_wait_s(self._notice.remaining()))
+            if cause is None:
+                log.warning("key %s: the sidecar did not say why the pod is stopping; a "
+                            "preemption", self.key)
+            elif not cause.suspended:
+                log.warning("key %s: %s; a preemption", self.key, cause.reason)
+        if self._group.active:
+            if not self._group.broadcast([int(bool(cause and cause.suspended))])[0]:
+                return None
+        elif cause is None or not cause.suspended:
+            return None
+        reason = cause.reason if cause is not None else "rank 0's pod: its Job is suspended"
+        error = suspend_mod.evicted(reason, seq=seq, what=what)
+        log.warning("key %s: %s", self.key, error)
+        if self._group.rank == 0:
+            assert cause is not None
+            endings.record_try(self, self.store.url, self.key, started_at=self._started_at,
+                               error=error, detail={"cause": {"suspended": True,
+                                                              "reason": cause.reason}})
+            self.outcome_recorded = True
+        return error
 
     def _suspended(self, step: int) -> bool:
         """A suspend request arrived: take a final snapshot (no deadline: a suspend has none),

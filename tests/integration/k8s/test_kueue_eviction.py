@@ -6,11 +6,15 @@ Kueue evicts by setting the Job's ``spec.suspend: true``, then the pod gets SIGT
 drain; on SIGTERM ``cairn run`` asks the sidecar (``terminating.json``), which reads the Job
 and answers (``cause.json``): suspended → exit 77 and the ``suspended`` outcome after the final
 snapshot, and the readmitted Job's pod resumes from it; not suspended, or no RBAC grant (403)
-→ exit 75 and ``preempted``, with the reason logged and recorded."""
+→ exit 75 and ``preempted``, with the reason logged and recorded. State mode (a real torch
+training script with the ``Checkpointer``) asks the same way: suspended → exit 77 and the
+``suspended`` outcome; a drain hands the signal on as before."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +26,7 @@ from cairn.store import Key, open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
+from tests.support.resume_runs import REPO
 
 JOB = ("ml", "train")
 
@@ -159,5 +164,99 @@ def test_a_drain_or_an_unreadable_job_ends_preempted_with_the_reason(
         else:
             assert "Job ml/train is not suspended" in reason
         assert reason in run.stderr and reason in sidecar.stderr
+    finally:
+        assert sidecar.stop() == 0, sidecar.stderr
+
+
+# -- state mode: the Checkpointer asks the sidecar as cairn run does --------------------------
+
+class _StateRun:
+    """``tests/support/tiny_training.py`` (a real torch training step loop with the
+    Checkpointer) as the transformed state-mode pod's main container runs it: its
+    ``CAIRN_NOTICE_FILE`` in the volume it shares with the sidecar."""
+
+    def __init__(self, tmp_path: Path, shared: Path, key: str, name: str) -> None:
+        self.out = tmp_path / f"{name}.out"
+        self.err = tmp_path / f"{name}.err"
+        env = {**os.environ, "CAIRN_NOTICE_FILE": str(shared / channel.NOTICE_NAME)}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.tiny_training", str(tmp_path / "store"),
+                 key, str(tmp_path / f"{name}.pt"), "--total", str(STATE_STEPS),
+                 "--every", "1000", "--pace", "0.02"],
+                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+
+    def lines(self, word: str) -> list[int]:
+        return [int(line.split()[1]) for line in self.out.read_text().splitlines()
+                if line.startswith(word + " ")]
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+
+STATE_STEPS = 400
+
+
+def _state_snapshots(tmp_path: Path, key: str) -> list:  # noqa: ANN001
+    with open_store(str(tmp_path / "store"), create=False) as store:
+        return store.snapshots(Key.parse(key))
+
+
+@pytest.mark.slow
+def test_a_kueue_eviction_of_a_state_mode_pod_ends_suspended_and_resumes(
+        tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path]) -> None:
+    api, token = fake_api
+    sidecar, shared = _sidecar(tmp_path, api, token)
+    key = "ml/train/2"
+    try:
+        first = _StateRun(tmp_path, shared, key, "first")
+        wait_for(lambda: len(first.lines("loss")) >= 20 or first.proc.poll() is not None, 120,
+                 "the training to step")
+        api.jobs[JOB] = True  # Kueue evicts: spec.suspend, then the pods get SIGTERM
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.wait(120) == 77, first.stderr
+        assert "Job ml/train has spec.suspend: true" in first.stderr
+        assert "suspended, not preempted" in first.stderr
+        assert _job_gets(api) == 1
+        (final,) = _state_snapshots(tmp_path, key)  # every=1000: only the final snapshot
+        outcome = _outcome(tmp_path, key)
+        assert outcome.outcome.value == "suspended"
+        assert outcome.detail["cause"]["suspended"] is True
+        assert outcome.progress.snapshot_seq == final.seq
+        assert final.manifest.step == first.lines("loss")[-1]
+
+        api.jobs[JOB] = False  # readmitted: a new pod, the same key, resumes at once
+        second = _StateRun(tmp_path, shared, key, "second")
+        assert second.wait(180) == 0, second.stderr
+        assert second.lines("start") == [final.manifest.step + 1]
+        assert second.lines("loss") == list(range(final.manifest.step + 1, STATE_STEPS))
+    finally:
+        assert sidecar.stop() == 0, sidecar.stderr
+
+
+@pytest.mark.slow
+def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
+        tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path]) -> None:
+    """Not suspended: the final snapshot, the reason logged, and the signal handed on as
+    before (the default action: the process ends by SIGTERM); no suspended outcome."""
+    api, token = fake_api
+    sidecar, shared = _sidecar(tmp_path, api, token)
+    key = "ml/train/3"
+    try:
+        run = _StateRun(tmp_path, shared, key, "run")
+        wait_for(lambda: len(run.lines("loss")) >= 20 or run.proc.poll() is not None, 120,
+                 "the training to step")
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(120) == -signal.SIGTERM, run.stderr
+        assert "Job ml/train is not suspended" in run.stderr
+        assert _job_gets(api) == 1
+        (final,) = _state_snapshots(tmp_path, key)
+        assert final.manifest.step == run.lines("loss")[-1]
+        with open_store(str(tmp_path / "store"), create=False) as store:
+            assert [o.outcome.value for o in store.outcomes(Key.parse(key))] == []
     finally:
         assert sidecar.stop() == 0, sidecar.stderr

@@ -258,6 +258,9 @@ def test_a_process_mode_job_sidecar_reads_its_job_with_the_generated_role(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="runs in a pod"):
         _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path)}))
-    # State mode's Checkpointer does not ask the sidecar (yet): no Job read, no grant needed.
+    # State mode's Checkpointer asks the sidecar too: the same argument, expanded the same way.
     state = with_snapshot_sidecar(_job(), **_options("state"))
-    assert "--owner-job" not in state["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    state_sidecar = next(c for c in state["spec"]["template"]["spec"]["initContainers"]
+                         if c["name"] == SIDECAR_NAME)
+    state_argv, _ = _expand(state_sidecar, _pod_meta("train", 1))
+    assert build_parser().parse_args(state_argv[1:]).owner_job == "ml/train"
