@@ -1,9 +1,11 @@
 """Outcome records: how each try (attempt epoch) of a key ended, and where it ran.
 
 The slot log says what was *committed*; an outcome says what *happened* to a try: succeeded,
-preempted, failed..., on which capacity option, how far it got, what its snapshots and restore
-cost, and the placement reason it was started with. :mod:`cairn.policy` reads them to place the
-next try; a UI shows them.
+preempted, failed..., on which capacity option (and which options it could have run on), how
+far it got, what its snapshots and restore cost, the placement reason it was started with, and
+what it did (:class:`TrySummary`: snapshots, last step, bytes, stalls), which outlives the
+snapshot records retention deletes (:func:`try_summaries`, docs/adr/0031). :mod:`cairn.policy`
+reads them to place the next try; a UI shows them.
 
 Records live at ``keys/<key path>/@outcomes/<epoch:020d>.json``, one per epoch, create-only
 (a second record for the same epoch is :class:`~cairn.exceptions.AlreadyExists`): the try's
