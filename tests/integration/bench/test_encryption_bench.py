@@ -1,6 +1,6 @@
 """``bench/encryption_bench.py --quick`` runs end to end: its last line is one JSON object with
 every figure (store write/read/restore on the disk and tmpfs with the floor, the process image
-fetch, state-mode stall and restore, each sealed against plain), the targets as computed from
+fetch, state-mode stall and restore, each sealed against plain; the CPU's ceiling), the targets as computed from
 them, each peer named, and nothing left behind. No timing is asserted."""
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ def test_the_quick_run_reports_every_figure(tmp_path: Path) -> None:
     for figure in ("stall", "durable", "restore"):
         assert positive(state[f"{figure}_sealed_vs_plain"])
         assert len(state["sealed"]["runs_s"][figure]) == 2
+    cpu = sections["cpu"]
+    assert set(cpu["mbps"]) == {"plain_read", "sealed_read", "plain_write", "sealed_write"}
+    assert cpu["read_ceiling"] == pytest.approx(
+        cpu["mbps"]["sealed_read"] / cpu["mbps"]["plain_read"], rel=0.02)
+    assert summary["cpu_read_ceiling"] == cpu["read_ceiling"]
+    assert f"at most {cpu['read_ceiling']}" in stdout
     for name, target in summary["targets"].items():
         assert target["value"] == summary[name]
         assert target["met"] == (target["value"] >= target["target"])
