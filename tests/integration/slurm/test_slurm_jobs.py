@@ -52,7 +52,9 @@ class Job:
         self.steps = steps
         env = {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                "CAIRN_STORE": str(self.store), "CAIRN_MODE": mode, "CAIRN_EVERY": every,
-               "CAIRN_GRACE": grace, "CAIRN_EVERY_STEPS": str(every_steps)}
+               "CAIRN_GRACE": grace, "CAIRN_EVERY_STEPS": str(every_steps),
+               # cairn run's logs and staging: the test's own (job ids restart with each cluster)
+               "CAIRN_WORKDIR": str(tmp_path / "work")}
         # The low partition's job takes every CPU, so a high one can only start by preempting.
         self.id = cluster.sbatch(SBATCH, "python", "-m", "tests.support.slurm_workloads", mode,
                                  str(self.progress), str(steps), str(pause),
