@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import env
@@ -86,8 +87,6 @@ class SlurmJob:
     def key_text(self) -> str:
         """The work's key, as ``Key`` text: components percent-encoded by ``Key`` itself
         (a cluster name holds no ``/``, but nothing here relies on it)."""
-        from urllib.parse import quote
-
         parts = [KEY_ROOT, self.cluster or "cluster"]
         if self.array_job_id is not None:
             parts += [self.array_job_id, self.array_task_id or ""]

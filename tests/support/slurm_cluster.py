@@ -26,7 +26,7 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 # A requeued job may start again only this long after it ended (SLURM's default: 120 s).
 CRED_EXPIRE_S = 5
-CLIENTS = ("sbatch", "scontrol", "squeue", "scancel")
+CLIENTS = ("sbatch", "scontrol", "scancel", "sinfo")
 
 
 def slurm_missing() -> str | None:
