@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu fakecuda test test-fast test-airflow test-kfp demo demo-ui demo-store bench clean
+.PHONY: all venv criu fakecuda test test-fast test-airflow test-kfp demo demo-ui demo-cluster demo-store bench clean
 
 all: test
 
@@ -127,6 +127,12 @@ demo: $(AF_STAMP)
 ## make demo-ui: serve the last demo's Airflow on port 8080 with the cairn snapshots page
 demo-ui: $(AF_STAMP)
 	$(AF_PY) scripts/demo_airflow.py --serve 8080
+
+## make demo-cluster: a multi-worker Airflow (CeleryExecutor, PostgreSQL, Redis, two worker
+## nodes, the store a GCS server process); the node running a cairn step is killed and its
+## retry resumes on the other node (root)
+demo-cluster: $(CLUSTER_STAMP) $(AF_STAMP)
+	$(AF_PY) scripts/demo_cluster.py
 
 ## make demo-store: the store on its own (put, dedup, a corrupt snapshot skipped, gc)
 demo-store: $(STAMP)
