@@ -162,6 +162,11 @@ def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_contin
         assert (outcome.outcome.value, outcome.detail["exit_code"]) == ("suspended", 77)
         assert outcome.detail["suspend"]["by"] == "ops@example"
         assert outcome.progress.snapshot_seq == final
+        # What the try did, from cairn run's own counters (docs/adr/0031).
+        summary = outcome.summary
+        assert summary is not None and summary.last_seq == final
+        assert summary.snapshots == len(run.snapshots()) and summary.stall_s > 0
+        assert summary.bytes_written > 0 and summary.complete
         assert gone(run.child_pid())
         seqs = store.log(key).seqs()
 
