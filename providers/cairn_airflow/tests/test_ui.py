@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -295,9 +296,10 @@ def test_a_browser_suspends_and_resumes_a_running_step(
     when and why."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     from cairn.store import Key, open_store
+    from cairn.store.outcomes import Outcome, OutcomeKind
 
     run_id = "manual__suspend-ui"
     write_snapshots(str(run.store), (DAG_ID, TASK_ID, run_id, "-1"), b"running", 2)
@@ -333,6 +335,28 @@ def test_a_browser_suspends_and_resumes_a_running_step(
         current = store.suspension(Key((DAG_ID, TASK_ID, run_id, "-1")))
     assert current is not None and current.state.value == "resume-requested"
     assert current.suspend.reason == "an urgent job needs the GPUs"
+    assert browser.find_elements(By.ID, "placement") == []  # a worker step: nothing to choose
+
+    # A pod-based step whose suspended try recorded its capacity options (issue 19 item 4):
+    # the resume form offers them, and the chosen one is what the resume request names.
+    moved_id = "manual__move-ui"
+    moved_key = Key((DAG_ID, TASK_ID, moved_id, "-1"))
+    with open_store(str(run.store)) as store:
+        attempt = store.open_attempt(moved_key)
+        store.request_suspend(moved_key, by="ops")
+        store.record_outcome(moved_key, Outcome(
+            epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED, started_at=time.time() - 5,
+            ended_at=time.time(), option="l4-spot", options=("l4-spot", "l4-on-demand")))
+    browser.get(f"{api_server}/cairn/snapshots?" + urlencode(
+        {"dag_id": DAG_ID, "task_id": TASK_ID, "run_id": moved_id, "map_index": -1}))
+    wait.until(ec.presence_of_element_located((By.ID, "placement")))
+    Select(browser.find_element(By.ID, "placement")).select_by_value("l4-on-demand")
+    browser.find_element(By.ID, "resume").click()
+    wait.until(ec.presence_of_element_located((By.ID, "resume-by")))
+    with open_store(str(run.store)) as store:
+        moved = store.suspension(moved_key)
+    assert moved is not None and moved.resume is not None
+    assert (moved.resume.by, moved.resume.placement) == ("admin (Airflow)", "l4-on-demand")
 
 
 def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: Run) -> None:
