@@ -308,6 +308,7 @@ def test_the_page_resumes_a_pod_step_on_another_of_its_options(
                                                              "l4-on-demand")
     page = client.get(f"/cairn/snapshots?{_query(run_id=run_id)}", headers=editor)
     assert 'id="placement"' not in page.text  # resumed: nothing left to choose
+    assert "UTC, on l4-on-demand</span>" in page.text
 
 
 def test_discard_needs_clear_access(client: Any, stores: dict[str, Path]) -> None:

@@ -213,8 +213,9 @@ def _suspension_section(report: TaskReport, *, suspend_url: str | None,
         if held.get("try_outcome"):
             lines.append(f"that try ended {escape(str(held['try_outcome']))}")
         if held.get("resumed_by"):
+            where = (f", on {escape(str(held['placement']))}" if held.get("placement") else "")
             lines.append(f'<span id="resume-by">resume asked by {escape(str(held["resumed_by"]))}'
-                         f' at {escape(_time(str(held.get("resumed_at"))))} UTC</span>')
+                         f' at {escape(_time(str(held.get("resumed_at"))))} UTC{where}</span>')
         parts.append('<p class="meta" id="suspension">' + " · ".join(lines) + "</p>")
     # Forms, not scripts: the iframe allows forms only. The reason is optional.
     if report.held and resume_url:
