@@ -221,7 +221,8 @@ def _suspension_lines(held: dict[str, Any] | None) -> list[str]:
     if held["try_outcome"] is not None:
         lines.append(f"  try {held['epoch']} ended {held['try_outcome']}")
     if held["resumed_by"] is not None:
-        lines.append(f"  resume asked by {held['resumed_by']} at {held['resumed_at']}")
+        where = f", on capacity option {held['placement']}" if held.get("placement") else ""
+        lines.append(f"  resume asked by {held['resumed_by']} at {held['resumed_at']}{where}")
     return lines
 
 

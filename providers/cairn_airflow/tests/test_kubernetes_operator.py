@@ -672,6 +672,7 @@ def test_a_suspended_pod_step_resumes_on_the_placement_the_resume_names(
     [listed] = json.loads(_cairn("ls", store_url, "--json").stdout)
     assert listed["state"] == "resume-requested"
     assert listed["suspension"]["placement"] == ON_DEMAND.name
+    assert f"on capacity option {ON_DEMAND.name}" in _cairn("ls", store_url).stdout
 
     # The continuation (resume_suspended -> execute) builds its pod: on the named option.
     again = make_operator(kubeconfig, store_url, **options)
