@@ -426,8 +426,11 @@ class Store:
     def request_resume(self, key: Key, *, by: str | None = None, reason: str | None = None,
                        placement: str | None = None) -> Request:
         """Lift ``key``'s suspension: its next try may start, and resumes from the suspend
-        snapshot; durable when it returns. Asking again returns the first request. Raises
-        ConfigError when ``key`` is not suspended (nothing is written)."""
+        snapshot; durable when it returns. ``placement``: move the step to that capacity
+        option, which its suspended try must have recorded (a pod-based step with
+        ``placement=``; docs/adr/0031). Asking again returns the first request. Raises
+        ConfigError when ``key`` is not suspended or cannot be moved there (nothing is
+        written)."""
         epoch, made = resume_target(key, self.requests(key), self.tries(key), self.outcomes(key),
                                     placement=placement)
         return made or self._create_request(key, Request(
