@@ -53,6 +53,7 @@ class Cluster:
     stack: AirflowStack
     store: str
     observe: Path  # outside every node: the tests' progress logs
+    store_env: dict[str, str]  # what this process needs to open the store
 
     def node_of(self, ti: dict[str, Any]) -> WorkerNode:
         return self.stack.nodes[ti["hostname"]]
@@ -89,13 +90,11 @@ def cluster() -> Iterator[Cluster]:
     observe = root / "observe"
     observe.mkdir()
     gcs = GcsServer()
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
     stack = None
     try:
         gcs.start()
         bucket = f"cairn-{uuid.uuid4().hex[:10]}"
         gcs.create_bucket(bucket)
-        os.environ.update(gcs.env)  # this process reads the store too
         store = f"gs://{bucket}/cluster"
         stack = AirflowStack(root / "home", REPO / "dags", store=store, executor=Executor.CELERY,
                              triggerer=False, env={
@@ -108,23 +107,21 @@ def cluster() -> Iterator[Cluster]:
         started = time.monotonic()
         stack.start(timeout=300)
         print(f"\ncluster started in {time.monotonic() - started:.1f}s")
-        yield Cluster(stack, store, observe)
+        yield Cluster(stack, store, observe, gcs.env)
     finally:
         if stack is not None:
             stack.stop()
         gcs.stop()
-        if saved is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = saved
         left = _leftovers(str(root))
         shutil.rmtree(root, ignore_errors=True)
         assert not left, f"the cluster left processes running: {left}"
 
 
 @pytest.fixture()
-def two_nodes(cluster: Cluster) -> Cluster:
-    """Both nodes up (a test before may have killed one)."""
+def two_nodes(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """Both nodes up (a test before may have killed one); this process reads the store too."""
+    for name, value in cluster.store_env.items():
+        monkeypatch.setenv(name, value)
     for name, node in cluster.stack.nodes.items():
         if not node.alive():
             cluster.stack.restart_node(name)
