@@ -65,13 +65,18 @@ _MEANING = {
 }
 
 
+def preempted_code(seq: int | None) -> ExitCode:
+    """A preemption's exit code: 75 when ``seq`` names the committed final snapshot, else 76."""
+    return ExitCode.PREEMPTED_SAVED if seq is not None else ExitCode.PREEMPTED_KEPT
+
+
 def exit_code_for(error: BaseException) -> ExitCode:
     """The exit code a command ending with ``error`` reports (a preemption: 75 when its
     ``seq`` names the committed final snapshot, else 76)."""
     if isinstance(error, Suspended):
         return ExitCode.SUSPENDED
     if isinstance(error, Preempted):
-        return ExitCode.PREEMPTED_SAVED if error.seq is not None else ExitCode.PREEMPTED_KEPT
+        return preempted_code(error.seq)
     if isinstance(error, ConfigError):
         return ExitCode.USAGE
     if isinstance(error, NotFound):

@@ -67,11 +67,11 @@ from cairn.exceptions import (
     CorruptSnapshot,
     Fenced,
     Preempted,
+    PreemptedExit,
     StoreError,
     Suspended,
 )
-from cairn.runtime import endings, env, slurm
-from cairn.runtime import channel
+from cairn.runtime import channel, endings, env, exits, slurm
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
@@ -537,7 +537,9 @@ class Checkpointer:
         return policy.every_seconds
 
     def _final_snapshot(self, step: int) -> None:
-        """A notice arrived: snapshot if the measured cost fits what is left, then chain; or,
+        """A notice arrived: snapshot if the measured cost fits what is left, then hand the
+        signal on (to the handler installed before ours; where that was the default action,
+        by raising :class:`~cairn.exceptions.PreemptedExit`: exit 75/76); or,
         when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR 0028), record
         the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended` instead."""
         assert self._notice is not None
@@ -562,9 +564,11 @@ class Checkpointer:
         if evicted is not None:
             self._notice.uninstall()  # the signal is answered: no redelivery once the budget ends
             raise evicted
-        self._notice.chain()
-        raise Preempted(f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
-                        if seq is not None else "no final snapshot"), seq=seq)
+        message = f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
+                                          if seq is not None else "no final snapshot")
+        if self._notice.hand_on():  # no handler before ours: exit 75/76, as cairn run does
+            raise PreemptedExit(message, seq=seq, code=int(exits.preempted_code(seq)))
+        raise Preempted(message, seq=seq)
 
     def _ask_cause(self) -> float | None:
         """On a signal, in a pod whose sidecar can tell (``cause.json`` beside the notice file),

@@ -72,6 +72,7 @@ class PreemptionNotice:
         # be inside that Event's lock at the time (see cairn.runtime.wakeup).
         self._raised = False
         self._chained = False
+        self._default_after_budget = False  # hand_on() left the ending to the watchdog
         self._watchdog: _Watchdog | None = None
         file = policy.notice_file
         self.notice_file = env.NOTICE_FILE.get() if file is None else file
@@ -163,10 +164,32 @@ class PreemptionNotice:
             self._watchdog.arm()
 
     def _redeliver(self) -> None:
-        # Only while our handler is still the one installed: after chain() or uninstall() the
-        # signal would reach whatever is there now.
-        if not self._chained and self._previous and self.signum is not None:
+        # Only while our handler is still the one installed, or after hand_on() put the default
+        # action back: after chain() or uninstall() the signal would reach whatever is there now.
+        if self.signum is not None and (self._default_after_budget
+                                        or not self._chained and self._previous):
             os.kill(os.getpid(), self.signum)
+
+    def hand_on(self) -> bool:
+        """After the final snapshot, from ``step()``: :meth:`chain`, except where the signal's
+        default action was installed before ours. Then nothing is re-delivered now and True
+        is returned: the caller raises :class:`~cairn.exceptions.PreemptedExit`, so the process
+        exits as ``cairn run`` does (75/76) once what is above it has recorded the outcome. The
+        default action is installed again (a second signal ends the process) and the watchdog
+        stays armed, so should that exit be caught the signal still ends the process once the
+        budget has run out (unless :meth:`uninstall` stops it first: ``Checkpointer.close``)."""
+        if self._chained or self.signum is None:
+            return False
+        previous = self._previous.get(self.signum, signal.SIG_DFL)
+        if previous not in (signal.SIG_DFL, None):
+            self.chain()
+            return False
+        self._chained = True
+        replaced, self._previous = self._previous, {}
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._default_after_budget = True
+        return True
 
     def chain(self, frame: FrameType | None = None) -> None:
         """Hand the recorded signal to the handler that was installed before ours.

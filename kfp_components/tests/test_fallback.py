@@ -201,8 +201,8 @@ def test_a_shared_result_is_reused_within_its_run_only(tmp_path: Path) -> None:
 
 def test_a_try_records_its_own_outcome_with_the_placement(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process (a Preempted raised by the Checkpointer after a notice; in a pod the default
-    SIGTERM action usually ends the process first, and then nothing is recorded)."""
+    """In-process: a Preempted as the Checkpointer raises it after a notice (in a pod,
+    PreemptedExit: the script exits 75 once the outcome is recorded)."""
     store = str(tmp_path / "store")
     monkeypatch.setenv("CAIRN_PLACEMENT_OPTION", "l4-spot")
     monkeypatch.setenv("CAIRN_PLACEMENT_REASON", "l4-spot: spot first")

@@ -13,7 +13,6 @@ line, as ``<mode> <step> <SLURM_RESTART_COUNT>``:
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
@@ -33,9 +32,9 @@ def process(progress: str, steps: int, pause: float) -> int:
 def state(progress: str, steps: int, pause: float) -> int:
     import torch
 
-    from cairn.exceptions import Preempted
+    from cairn.exceptions import Preempted, PreemptedExit
     from cairn.runtime import env, slurm
-    from cairn.runtime.exits import ExitCode
+    from cairn.runtime.exits import exit_code_for
     from cairn.state import Checkpointer
     from cairn.tries import Try
 
@@ -43,10 +42,8 @@ def state(progress: str, steps: int, pause: float) -> int:
     torch.set_num_threads(1)
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    # SIGTERM ignored before the Checkpointer takes it: after the final snapshot it hands the
-    # signal on to the handler it replaced, and a default one would end the process there;
-    # ignored, Preempted reaches the code below, which records the outcome and exits 75.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Nothing to set up for SIGTERM: with the default handler before it, the Checkpointer
+    # raises PreemptedExit after the final snapshot, which exits 75/76 once re-raised below.
     # The try object records this try's outcome (with the SLURM job and node).
     attempt = Try.begin(store=env.STORE.get() or "", key=slurm.default_key() or "")
     ckpt = Checkpointer.from_env()
@@ -64,7 +61,8 @@ def state(progress: str, steps: int, pause: float) -> int:
         print(f"preempted: {e}", flush=True)
         ckpt.close()
         attempt.ended(error=e, ckpt=ckpt)
-        return ExitCode.PREEMPTED_SAVED if e.seq is not None else ExitCode.PREEMPTED_KEPT
+        assert isinstance(e, PreemptedExit) and e.code == exit_code_for(e), e
+        raise
     attempt.ended(error=None, ckpt=ckpt)
     attempt.finish(ckpt)
     ckpt.close()

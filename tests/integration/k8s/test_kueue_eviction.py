@@ -8,7 +8,7 @@ and answers (``cause.json``): suspended → exit 77 and the ``suspended`` outcom
 snapshot, and the readmitted Job's pod resumes from it; not suspended, or no RBAC grant (403)
 → exit 75 and ``preempted``, with the reason logged and recorded. State mode (a real torch
 training script with the ``Checkpointer``) asks the same way: suspended → exit 77 and the
-``suspended`` outcome; a drain hands the signal on as before."""
+``suspended`` outcome; a drain is a preemption (exit 75)."""
 
 from __future__ import annotations
 
@@ -242,7 +242,8 @@ def test_a_kueue_eviction_of_a_state_mode_pod_ends_suspended_and_resumes(
 def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
         tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path]) -> None:
     """Not suspended: the final snapshot, the reason logged, and the signal handed on as
-    before (the default action: the process ends by SIGTERM); no suspended outcome."""
+    before; the script installed no handler of its own, so it exits 75 (PreemptedExit), as
+    ``cairn run`` does; no suspended outcome."""
     api, token = fake_api
     sidecar, shared = _sidecar(tmp_path, api, token)
     key = "ml/train/3"
@@ -251,7 +252,7 @@ def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
         wait_for(lambda: len(run.lines("loss")) >= 20 or run.proc.poll() is not None, 120,
                  "the training to step")
         run.proc.send_signal(signal.SIGTERM)
-        assert run.wait(120) == -signal.SIGTERM, run.stderr
+        assert run.wait(120) == 75, run.stderr
         assert "Job ml/train is not suspended" in run.stderr
         assert _job_gets(api) == 1
         (final,) = _state_snapshots(tmp_path, key)

@@ -79,3 +79,53 @@ def test_watchdog_redelivers_after_the_budget_and_not_after_uninstall() -> None:
         assert calls == [], "an uninstalled notice must not redeliver"
     finally:
         signal.signal(signal.SIGUSR1, original)
+
+
+_HAND_ON_CHILD = """
+import os, signal, sys, time
+from cairn.state.triggers import PreemptionNotice, PreemptionPolicy
+notice = PreemptionNotice(PreemptionPolicy(signals=(signal.SIGUSR1,), budget_seconds=0.5))
+notice.install()
+os.kill(os.getpid(), signal.SIGUSR1)  # the default action of SIGUSR1 ends a process
+time.sleep(0.05)
+assert notice.pending
+assert notice.hand_on() is True, "the default action was installed before ours"
+assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+assert notice.hand_on() is False, "once"
+print("alive after hand_on", flush=True)
+if sys.argv[1] == "close":
+    notice.uninstall()  # Checkpointer.close: whoever caught the exit decided
+time.sleep(3)
+print("alive after the budget", flush=True)
+"""
+
+
+def test_hand_on_leaves_a_default_action_to_the_caller_and_then_to_the_watchdog() -> None:
+    """Where the signal's default action was installed, hand_on re-delivers nothing (the
+    Checkpointer raises PreemptedExit instead); should that exit be caught, the watchdog still
+    ends the process by the signal once the budget has run out, unless it was uninstalled."""
+    import subprocess
+    import sys
+
+    caught = subprocess.run([sys.executable, "-c", _HAND_ON_CHILD, "swallow"],
+                            capture_output=True, text=True, timeout=60)
+    assert caught.returncode == -signal.SIGUSR1, caught.stderr
+    assert caught.stdout.splitlines() == ["alive after hand_on"]
+    closed = subprocess.run([sys.executable, "-c", _HAND_ON_CHILD, "close"],
+                            capture_output=True, text=True, timeout=60)
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout.splitlines() == ["alive after hand_on", "alive after the budget"]
+
+
+def test_hand_on_calls_a_python_handler_as_chain_does() -> None:
+    calls: list[int] = []
+    original = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    notice = PreemptionNotice(PreemptionPolicy(signals=(signal.SIGUSR1,), budget_seconds=30))
+    try:
+        notice.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert notice.hand_on() is False and calls == [signal.SIGUSR1]
+    finally:
+        notice.uninstall()
+        signal.signal(signal.SIGUSR1, original)
