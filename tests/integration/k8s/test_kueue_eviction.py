@@ -186,6 +186,11 @@ class _StateRun:
                  "--every", "1000", "--pace", "0.02"],
                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
+    def wait_for_steps(self, steps: int) -> None:
+        wait_for(lambda: len(self.lines("loss")) >= steps or self.proc.poll() is not None, 120,
+                 f"{steps} training steps")
+        assert self.proc.poll() is None, self.stderr
+
     def lines(self, word: str) -> list[int]:
         return [int(line.split()[1]) for line in self.out.read_text().splitlines()
                 if line.startswith(word + " ")]
@@ -214,8 +219,7 @@ def test_a_kueue_eviction_of_a_state_mode_pod_ends_suspended_and_resumes(
     key = "ml/train/2"
     try:
         first = _StateRun(tmp_path, shared, key, "first")
-        wait_for(lambda: len(first.lines("loss")) >= 20 or first.proc.poll() is not None, 120,
-                 "the training to step")
+        first.wait_for_steps(20)
         api.jobs[JOB] = True  # Kueue evicts: spec.suspend, then the pods get SIGTERM
         first.proc.send_signal(signal.SIGTERM)
         assert first.wait(120) == 77, first.stderr
@@ -249,8 +253,7 @@ def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
     key = "ml/train/3"
     try:
         run = _StateRun(tmp_path, shared, key, "run")
-        wait_for(lambda: len(run.lines("loss")) >= 20 or run.proc.poll() is not None, 120,
-                 "the training to step")
+        run.wait_for_steps(20)
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(120) == 75, run.stderr
         assert "Job ml/train is not suspended" in run.stderr
