@@ -144,6 +144,8 @@ class AirflowStack:
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT":
                 str(CELERY_VISIBILITY_TIMEOUT_S),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(worker_concurrency),
+            # Every worker slot can be busy at once.
+            "AIRFLOW__CORE__PARALLELISM": str(max(4, worker_concurrency * len(names))),
             # One task per worker slot and no message held in reserve: a task waits in the
             # broker for a free worker instead of behind a busy (or frozen) one.
             "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",

@@ -35,6 +35,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[3]
 HEARTBEAT_TIMEOUT_S = 10
 EVERY_STEPS = 100  # dags/cooperative_training.py
+FANOUT_EVERY_STEPS = 50  # dags/fanout_training.py
+WORKER_SLOTS = 3  # per node: six steps run at once on the two
 PROCESS_RETRY_DELAY_S = 2.0  # dags/process_training.py
 
 needs_cluster = pytest.mark.skipif(
@@ -97,7 +99,7 @@ def cluster() -> Iterator[Cluster]:
         gcs.create_bucket(bucket)
         store = f"gs://{bucket}/cluster"
         stack = AirflowStack(root / "home", REPO / "dags", store=store, executor=Executor.CELERY,
-                             triggerer=False, env={
+                             worker_concurrency=WORKER_SLOTS, triggerer=False, env={
                                  **gcs.env,
                                  # Only this test writes the emulator's bucket; a real cluster
                                  # uses an encrypted store instead (docs/encryption.md).
@@ -328,8 +330,8 @@ def _state(pid: int) -> str:
 
 def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
         two_nodes: Cluster) -> None:
-    """The node running the step freezes (its task's process tree SIGSTOPped): Airflow retries
-    the step on the other node after the heartbeat timeout. Once the retry has resumed and
+    """The node running the step freezes (every process on it SIGSTOPped): Airflow retries the
+    step on the other node after the heartbeat timeout. Once the retry has resumed and
     committed a snapshot, the zombie's task and writer run again first — before Airflow's task
     supervisor on the frozen node, which would kill them — and their next commit is rejected by
     the fence: the zombie stops its workload; the retry's snapshots and result stand."""
@@ -349,9 +351,12 @@ def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
     task = frozen.host_pid(ti["pid"])
     with open(f"/proc/{task}/stat") as f:
         supervisor = int(f.read().rsplit(")", 1)[1].split()[1])  # Airflow's, in the Celery pool
-    tree = descendants(supervisor)
-    workload = [p for p in tree if p != supervisor]
-    _signal_all(tree, signal.SIGSTOP)
+    workload = [p for p in descendants(supervisor) if p != supervisor]
+    # The whole node freezes (a paused VM, a stalled kernel): its free worker slots take
+    # nothing either, so the retry runs on the other node.
+    everything = frozen.processes()
+    assert supervisor in everything and set(workload) <= set(everything)
+    _signal_all(everything, signal.SIGSTOP)
     try:
         frozen_at = time.time()
         retry = stack.wait_for(
@@ -380,7 +385,7 @@ def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
         # Its task waits for the frozen supervisor (Airflow's task API is request-reply).
         assert not any(r["epoch"] == 1 for r in _outcome_records(cluster, key))
     finally:
-        _signal_all(tree, signal.SIGCONT)
+        _signal_all(everything, signal.SIGCONT)
     stack.wait_for(lambda: any(r["epoch"] == 1 for r in _outcome_records(cluster, key)),
                    what="the zombie's outcome record", timeout=120)
     assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
@@ -410,3 +415,79 @@ def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
         "the retry's steps are not each there once"
     meta = stack.xcom(dag_id, run_id, "train", "cairn")
     assert meta["try_number"] == 2 and meta["done"] is True
+
+
+# -- concurrent steps --------------------------------------------------------------------------
+
+def _mapped(stack: AirflowStack, dag_id: str, run_id: str) -> dict[int, dict[str, Any]]:
+    doc = stack.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/listMapped")
+    return {ti["map_index"]: ti for ti in doc["task_instances"]}
+
+
+def _mapped_xcom(stack: AirflowStack, dag_id: str, run_id: str, index: int) -> Any:
+    return stack.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/xcomEntries/"
+                     f"return_value?map_index={index}&deserialize=true&stringify=false")["value"]
+
+
+def test_six_concurrent_steps_each_resume_or_complete_when_a_node_is_lost(
+        two_nodes: Cluster) -> None:
+    """Six mapped ``@task.cairn`` steps run at once, three per node, against the one store;
+    one node is lost mid-run. Its steps' snapshots verify (``cairn verify``, right after the
+    loss), each of them resumes on the other node from its own snapshot, the others complete
+    where they ran, and every step of every shard after its resume point runs once."""
+    import subprocess
+    import sys
+
+    cluster, stack = two_nodes, two_nodes.stack
+    dag_id, shards, total = "cairn_fanout_training", 6, 1000
+    progress = cluster.observe / f"fanout-{uuid.uuid4().hex[:6]}"
+    progress.mkdir()
+    started = time.monotonic()
+    run_id = stack.trigger(dag_id, {"shards": shards, "total_steps": total,
+                                    "step_seconds": 0.02, "progress_dir": str(progress)})
+    keys = {i: (dag_id, "train", run_id, str(i)) for i in range(shards)}
+
+    def all_running_past_a_snapshot() -> dict[int, dict[str, Any]] | None:
+        tis = _mapped(stack, dag_id, run_id)
+        if len(tis) == shards and all(ti["state"] == "running" for ti in tis.values()) and all(
+                any((i.manifest.step or 0) >= FANOUT_EVERY_STEPS for i in _snapshots(cluster, k))
+                for k in keys.values()):
+            return tis
+        return None
+
+    tis = stack.wait_for(all_running_past_a_snapshot, every=1, timeout=300,
+                         what="six steps running at once, each past its first snapshot")
+    assert {ti["hostname"] for ti in tis.values()} == set(stack.nodes), \
+        {i: ti["hostname"] for i, ti in tis.items()}
+    lost = stack.nodes["nodeA"]
+    other = cluster.other(lost)
+    on_lost = sorted(i for i, ti in tis.items() if ti["hostname"] == lost.name)
+    lost.kill()
+    lost.wipe()
+    lost_at = time.monotonic()
+    cairn = Path(sys.executable).with_name("cairn")
+    for i in on_lost:
+        check = subprocess.run([str(cairn), "verify", "-q", cluster.store, "/".join(keys[i])],
+                               capture_output=True, text=True, timeout=120, check=False)
+        assert check.returncode == 0, (check.stdout, check.stderr)
+        assert "BAD" not in check.stdout and "ok" in check.stdout, check.stdout
+    assert stack.wait_for_run(dag_id, run_id, timeout=400) == "success", stack.logs_tail()
+    print(f"\n{shards} steps, {len(on_lost)} on the lost node: run {time.monotonic() - started:.0f}s "
+          f"in all, {time.monotonic() - lost_at:.0f}s after the loss")
+
+    tis = _mapped(stack, dag_id, run_id)
+    for i in range(shards):
+        ti, result = tis[i], _mapped_xcom(stack, dag_id, run_id, i)
+        rows = read_progress(progress / f"{i}.log")
+        assert ti["state"] == "success" and result["end_step"] == total, (i, ti, result)
+        if i in on_lost:
+            assert ti["try_number"] == 2 and ti["hostname"] == other.name, (i, ti)
+            assert result["start_step"] > 0, f"shard {i} started over"
+            index = _resume_point(rows)
+            redone = rows[index - 1][1] - result["start_step"] + 1
+            assert rows[index][1] == result["start_step"]
+            assert 0 <= redone <= FANOUT_EVERY_STEPS, (i, redone)
+            assert [r[1] for r in rows[index:]] == list(range(result["start_step"], total)), i
+        else:
+            assert ti["try_number"] == 1 and result["start_step"] == 0, (i, ti, result)
+            assert [r[1] for r in rows] == list(range(total)), f"shard {i} redid or skipped"
