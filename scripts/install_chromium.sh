@@ -5,21 +5,6 @@
 # Idempotent; installs only what is missing; needs root (skipped with a note otherwise).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-PACKAGES=(chromium chromium-driver)
-
-if [[ "$(id -u)" -ne 0 ]]; then
-    echo "install_chromium: not root: ${PACKAGES[*]} not installed; the browser test will skip"
-    exit 0
-fi
-command -v apt-get >/dev/null || { echo "install_chromium: no apt-get; install ${PACKAGES[*]} by hand"; exit 0; }
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-    echo "install_chromium: installing ${missing[*]}"
-    apt-get -o DPkg::Lock::Timeout=600 update -qq </dev/null
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
-else
-    echo "install_chromium: ${PACKAGES[*]} already installed"
-fi
+# shellcheck source=lib/debian_packages.sh
+source "$(dirname "$0")/lib/debian_packages.sh"
+install_debian_packages install_chromium "the browser test will skip" start chromium chromium-driver
