@@ -177,9 +177,15 @@ class PreemptionNotice:
         exits as ``cairn run`` does (75/76) once what is above it has recorded the outcome. The
         default action is installed again (a second signal ends the process) and the watchdog
         stays armed, so should that exit be caught the signal still ends the process once the
-        budget has run out (unless :meth:`uninstall` stops it first: ``Checkpointer.close``)."""
-        if self._chained or self.signum is None:
+        budget has run out (unless :meth:`uninstall` stops it first: ``Checkpointer.close``).
+        A notice from the sidecar with no signal yet has nothing to hand on: True when no
+        Python handler was installed before ours for any watched signal (nobody above would
+        take a plain ``Preempted``), and the handlers stay as they are."""
+        if self._chained:
             return False
+        if self.signum is None:
+            return bool(self._previous) and all(
+                handler in (signal.SIG_DFL, None) for handler in self._previous.values())
         previous = self._previous.get(self.signum, signal.SIG_DFL)
         if previous not in (signal.SIG_DFL, None):
             self.chain()

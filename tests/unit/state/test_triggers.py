@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 
 from cairn.state.triggers import PreemptionNotice, PreemptionPolicy
@@ -129,3 +130,27 @@ def test_hand_on_calls_a_python_handler_as_chain_does() -> None:
     finally:
         notice.uninstall()
         signal.signal(signal.SIGUSR1, original)
+
+
+def test_hand_on_after_a_notice_file_says_whether_a_python_handler_was_there(
+        tmp_path: Path) -> None:
+    """A sidecar's notice with no signal: nothing is handed on; True (the Checkpointer raises
+    PreemptedExit) only when no Python handler was installed before ours."""
+    from cairn.runtime import channel
+
+    for previous, expected in ((signal.SIG_DFL, True), (lambda signum, frame: None, False)):
+        original = signal.signal(signal.SIGUSR1, previous)
+        notice_file = tmp_path / "notice.json"
+        notice = PreemptionNotice(PreemptionPolicy(signals=(signal.SIGUSR1,), budget_seconds=30,
+                                                   notice_file=str(notice_file)))
+        try:
+            notice.install()
+            now = time.time()
+            channel.write_notice(str(notice_file), channel.Notice(
+                source="node-label", reason="test", issued_at=now, deadline=now + 30))
+            assert notice.pending and notice.signum is None
+            assert notice.hand_on() is expected
+            assert signal.getsignal(signal.SIGUSR1) == notice._handle  # still ours
+        finally:
+            notice.uninstall()
+            signal.signal(signal.SIGUSR1, original)
