@@ -7,7 +7,10 @@ local disk (``cairn_airflow.local_stack`` with ``executor="celery"``). Triggers
 ``cairn_cooperative_training``, and once a few snapshots are committed kills the node running
 it — every process on it, SIGKILL — and deletes its disk. Airflow notices through the task
 heartbeat timeout and retries the task; the retry runs on the other node and resumes from the
-last snapshot in the bucket. The demo prints what ran where, then stops everything.
+last snapshot in the bucket. Then 20 small steps at once (``cairn_fanout_training``, three
+worker slots per node) lose a node mid-run: each of its steps resumes on the other node from
+its own snapshot, the others complete where they ran. The demo prints what ran where, then
+stops everything.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--step-seconds", type=float, default=0.01)
+    parser.add_argument("--shards", type=int, default=20,
+                        help="concurrent small steps in the second part (0: skip it)")
     parser.add_argument("--dir", default=str(REPO / ".demo" / "cluster"))
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -89,7 +94,8 @@ def main() -> int:
         os.environ.update(gcs.env)
         store = f"gs://{bucket}/demo"
         stack = AirflowStack(root / "airflow", REPO / "dags", store=store,
-                             executor=Executor.CELERY, triggerer=False, env={
+                             executor=Executor.CELERY, worker_concurrency=3, triggerer=False,
+                             env={
                                  **gcs.env,
                                  "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT":
                                      str(HEARTBEAT_TIMEOUT_S)})
@@ -125,12 +131,56 @@ def main() -> int:
             f"{result['start_step']} not redone)")
         for epoch, outcome, host in outcome_hosts(store, key):
             print(f"    outcome record of try epoch {epoch}: {outcome}, written on {host}")
-        return 0 if state == "success" else 1
+        if state != "success":
+            return 1
+        return fanout(stack, store, args.shards, root / "fanout", lost.name) if args.shards else 0
     finally:
         say("stopping everything")
         if stack is not None:
             stack.stop()
         gcs.stop()
+
+
+def fanout(stack: AirflowStack, store: str, shards: int, progress: Path, restart: str) -> int:
+    """``shards`` mapped steps at once; the node running the most of them is lost mid-run."""
+    dag_id = "cairn_fanout_training"
+    stack.restart_node(restart)
+    progress.mkdir()
+    started = time.monotonic()
+    run_id = stack.trigger(dag_id, {"shards": shards, "total_steps": 600, "step_seconds": 0.02,
+                                    "progress_dir": str(progress)})
+    say(f"triggered {dag_id}: {shards} steps of 600, three worker slots per node")
+
+    def mapped() -> dict[int, dict]:
+        doc = stack.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/listMapped")
+        return {ti["map_index"]: ti for ti in doc["task_instances"]}
+
+    def busy_with_snapshots() -> dict[int, dict] | None:
+        running = {i: ti for i, ti in mapped().items() if ti["state"] == "running"}
+        with_snaps = [i for i in running
+                      if snapshots(store, (dag_id, "train", run_id, str(i)))]
+        return running if len(running) >= 2 * 3 and len(with_snaps) == len(running) else None
+
+    running = stack.wait_for(busy_with_snapshots, what="every slot busy past a snapshot",
+                             timeout=300, every=1)
+    hosts = [ti["hostname"] for ti in running.values()]
+    lost = stack.nodes[max(set(hosts), key=hosts.count)]
+    on_lost = sorted(i for i, ti in running.items() if ti["hostname"] == lost.name)
+    say(f"killing {lost.name}, which runs steps {on_lost}, and deleting its disk")
+    lost.kill()
+    lost.wipe()
+    state = stack.wait_for_run(dag_id, run_id, timeout=900)
+    resumed = 0
+    for i, ti in sorted(mapped().items()):
+        entry = stack.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/"
+                          f"xcomEntries/return_value?map_index={i}&deserialize=true"
+                          "&stringify=false")["value"]
+        resumed += entry["start_step"] > 0
+        print(f"    step {i:2d}: try {ti['try_number']} on {ti['hostname']}, "
+              + (f"resumed at {entry['start_step']}" if entry["start_step"] else "from 0"))
+    say(f"run {state} in {time.monotonic() - started:.0f}s: {resumed} of {shards} steps resumed "
+        f"on the other node, the rest completed where they ran")
+    return 0 if state == "success" else 1
 
 
 if __name__ == "__main__":
