@@ -26,19 +26,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cairn.exceptions import ConfigError
+from cairn.runtime import env as contract
 
 #: The script the namespace's first process runs (bash, then exec'd into the worker).
 _NODE_INIT = """\
 set -euo pipefail
 mount -t tmpfs -o mode=1777 cairn-node-tmp /tmp
 mount -t tmpfs -o mode=1777 cairn-node-shm /dev/shm
-mount --bind "$CAIRN_NODE_DIR" "$CAIRN_NODE_MOUNT"
-mount -t tmpfs -o ro,mode=0755 cairn-nodes-hidden "$CAIRN_NODES_DIR"
-hostname "$CAIRN_NODE_NAME"
-echo "$CAIRN_NODE_PID_BASE" > /proc/sys/kernel/ns_last_pid
-mount --bind "$CAIRN_NODE_MOUNT/hosts" /etc/hosts
-cd "$CAIRN_NODE_MOUNT"
-unset CAIRN_NODE_DIR CAIRN_NODE_MOUNT CAIRN_NODES_DIR CAIRN_NODE_NAME CAIRN_NODE_PID_BASE
+mount --bind "$LOCAL_NODE_DIR" "$LOCAL_NODE_MOUNT"
+mount -t tmpfs -o ro,mode=0755 cairn-nodes-hidden "$LOCAL_NODES_DIR"
+hostname "$LOCAL_NODE_NAME"
+echo "$LOCAL_NODE_PID_BASE" > /proc/sys/kernel/ns_last_pid
+mount --bind "$LOCAL_NODE_MOUNT/hosts" /etc/hosts
+cd "$LOCAL_NODE_MOUNT"
+unset LOCAL_NODE_DIR LOCAL_NODE_MOUNT LOCAL_NODES_DIR LOCAL_NODE_NAME LOCAL_NODE_PID_BASE
 exec "$@"
 """
 
@@ -80,7 +81,7 @@ class WorkerNode:
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.mount / "logs"),
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.concurrency),
-                "CAIRN_WORKDIR": str(self.mount / "workdir")}
+                contract.WORKDIR.name: str(self.mount / "workdir")}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -103,9 +104,9 @@ class WorkerNode:
                 sys.executable, "-m", "airflow", "celery", "worker",
                 "--celery-hostname", self.celery_name, "--concurrency", str(self.concurrency),
                 "--skip-serve-logs", "--without-mingle", "--without-gossip"]
-        env = {**self.node_env(), "CAIRN_NODE_DIR": str(self.dir),
-               "CAIRN_NODE_MOUNT": str(self.mount), "CAIRN_NODES_DIR": str(self.dir.parent),
-               "CAIRN_NODE_NAME": self.name, "CAIRN_NODE_PID_BASE": str(self.pid_base)}
+        env = {**self.node_env(), "LOCAL_NODE_DIR": str(self.dir),
+               "LOCAL_NODE_MOUNT": str(self.mount), "LOCAL_NODES_DIR": str(self.dir.parent),
+               "LOCAL_NODE_NAME": self.name, "LOCAL_NODE_PID_BASE": str(self.pid_base)}
         with open(self.log, "ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} starting node {self.name}: "
                       f"{shlex.join(argv[:10])} ...\n".encode())
