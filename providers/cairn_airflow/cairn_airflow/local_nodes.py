@@ -31,7 +31,15 @@ from cairn.runtime import env as contract
 #: The script the namespace's first process runs (bash, then exec'd into the worker).
 _NODE_INIT = """\
 set -euo pipefail
+IFS=: read -r -a keep <<< "${LOCAL_NODE_KEEP:-}"
+host_tmp="$LOCAL_NODE_DIR/.host-tmp"
+if ((${#keep[@]})); then mkdir -p "$host_tmp"; mount --rbind /tmp "$host_tmp"; fi
 mount -t tmpfs -o mode=1777 cairn-node-tmp /tmp
+for dir in "${keep[@]}"; do
+    mkdir -p "/tmp/$dir"
+    mount --rbind "$host_tmp/$dir" "/tmp/$dir"
+done
+if ((${#keep[@]})); then umount -l "$host_tmp"; fi
 mount -t tmpfs -o mode=1777 cairn-node-shm /dev/shm
 mount --bind "$LOCAL_NODE_DIR" "$LOCAL_NODE_MOUNT"
 mount -t tmpfs -o ro,mode=0755 cairn-nodes-hidden "$LOCAL_NODES_DIR"
@@ -39,9 +47,24 @@ hostname "$LOCAL_NODE_NAME"
 echo "$LOCAL_NODE_PID_BASE" > /proc/sys/kernel/ns_last_pid
 mount --bind "$LOCAL_NODE_MOUNT/hosts" /etc/hosts
 cd "$LOCAL_NODE_MOUNT"
-unset LOCAL_NODE_DIR LOCAL_NODE_MOUNT LOCAL_NODES_DIR LOCAL_NODE_NAME LOCAL_NODE_PID_BASE
+unset LOCAL_NODE_DIR LOCAL_NODE_MOUNT LOCAL_NODES_DIR LOCAL_NODE_NAME LOCAL_NODE_PID_BASE \
+    LOCAL_NODE_KEEP
 exec "$@"
 """
+
+
+def _host_tmp_dirs() -> list[str]:
+    """The entries of the host's ``/tmp`` that hold this interpreter or cairn's code (a
+    checkout cloned into /tmp, its virtual environment): a node's private ``/tmp`` would hide
+    them, so the node init binds them back in (node-local files stay private)."""
+    import cairn
+
+    found = set()
+    for path in (sys.prefix, sys.executable, os.path.dirname(cairn.__file__), *sys.path):
+        real = os.path.realpath(path) if path else ""
+        if real.startswith("/tmp/"):
+            found.add(real.split("/")[2])
+    return sorted(found)
 
 
 class WorkerNode:
@@ -104,7 +127,8 @@ class WorkerNode:
                 sys.executable, "-m", "airflow", "celery", "worker",
                 "--celery-hostname", self.celery_name, "--concurrency", str(self.concurrency),
                 "--skip-serve-logs", "--without-mingle", "--without-gossip"]
-        env = {**self.node_env(), "LOCAL_NODE_DIR": str(self.dir),
+        env = {**self.node_env(), "LOCAL_NODE_KEEP": ":".join(_host_tmp_dirs()),
+               "LOCAL_NODE_DIR": str(self.dir),
                "LOCAL_NODE_MOUNT": str(self.mount), "LOCAL_NODES_DIR": str(self.dir.parent),
                "LOCAL_NODE_NAME": self.name, "LOCAL_NODE_PID_BASE": str(self.pid_base)}
         with open(self.log, "ab") as log:
