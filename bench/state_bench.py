@@ -287,8 +287,9 @@ def fault_in(model: nn.Module, opt: torch.optim.Optimizer) -> int:
         if t.numel() == 0:
             continue
         flat = np.frombuffer(byte_view(t), dtype=np.uint8)
-        pages += len(flat[::PAGE])
-        int(flat[::PAGE].sum())
+        touched = flat[::PAGE]
+        pages += len(touched)
+        int(touched.sum())
     return pages
 
 
