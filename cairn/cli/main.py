@@ -32,6 +32,7 @@ from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, Store
 from cairn.store.outcomes import parse_iso, try_summaries
 from cairn.store.slotlog import RecordKind
+from cairn.store.store import VerifyReport, describe_shared
 
 
 
@@ -268,6 +269,8 @@ def cmd_inspect(args: argparse.Namespace, store: Store) -> int:
 # -- verify -----------------------------------------------------------------------------------
 
 def cmd_verify(args: argparse.Namespace, store: Store) -> int:
+    if args.key is None:
+        return _verify_store(args, store)
     key = Key.parse(args.key)
     snaps = store.snapshots(key)
     if not snaps:
@@ -276,19 +279,50 @@ def cmd_verify(args: argparse.Namespace, store: Store) -> int:
     bar = _progress(args, "verify", total)
     report = store.verify(key, progress=bar)
     bar.close()
-    doc = {
-        "key": str(key),
+    _emit(args, _verify_doc(report), "\n".join(_verify_lines(report)))
+    return ExitCode.OK if report.ok else ExitCode.CORRUPT
+
+
+def _verify_store(args: argparse.Namespace, store: Store) -> int:
+    """Every key's retained snapshots; a chunk shared by keys is read once."""
+    keys = store.keys()
+    if not keys:
+        raise NotFound(f"{store.url} holds no key; nothing to verify")
+    checked: dict[tuple[str, int, str], str | None] = {}
+    reports = []
+    for key in keys:
+        snaps = store.snapshots(key)
+        if not snaps:
+            continue  # finished and pruned, or removed: nothing retained to check
+        bar = _progress(args, f"verify {key}", sum(i.manifest.bytes_logical for i in snaps))
+        reports.append(store.verify(key, progress=bar, checked=checked))
+        bar.close()
+    ok = all(r.ok for r in reports)
+    lines = []
+    for report in reports:
+        lines += [f"{report.key}: {line}" for line in _verify_lines(report)]
+    lines.append(f"{len(reports)} key(s) with snapshots of {len(keys)}, "
+                 f"{sum(len(r.results) for r in reports)} snapshot(s): "
+                 f"{'all ok' if ok else 'SOME BAD'}")
+    _emit(args, {"ok": ok, "keys": [_verify_doc(r) for r in reports]}, "\n".join(lines))
+    return ExitCode.OK if ok else ExitCode.CORRUPT
+
+
+def _verify_doc(report: VerifyReport) -> dict[str, Any]:
+    return {
+        "key": str(report.key),
         "ok": report.ok,
         "snapshots": [{"seq": s, "ok": r is None, "reason": r} for s, r in report.results.items()],
         "bad_chunks": [{"digest": d, "reason": r, "seqs": sorted(seqs)}
                        for d, (r, seqs) in report.bad_chunks.items()],
     }
-    lines = [f"seq {s}: {'ok' if r is None else 'BAD: ' + r}" for s, r in report.results.items()]
-    from cairn.store.store import describe_shared
 
-    lines += [f"corrupt {describe_shared(d, seqs)}: {r}" for d, (r, seqs) in report.bad_chunks.items()]
-    _emit(args, doc, "\n".join(lines))
-    return ExitCode.OK if report.ok else ExitCode.CORRUPT
+
+def _verify_lines(report: VerifyReport) -> list[str]:
+    lines = [f"seq {s}: {'ok' if r is None else 'BAD: ' + r}" for s, r in report.results.items()]
+    lines += [f"corrupt {describe_shared(d, seqs)}: {r}"
+              for d, (r, seqs) in report.bad_chunks.items()]
+    return lines
 
 
 # -- suspend, resume -----------------------------------------------------------------------
@@ -510,8 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None)
     p.set_defaults(func=cmd_inspect, create=False)
 
-    p = command("verify", "Read and check every retained snapshot of KEY; exit 4 if any is bad.")
-    p.add_argument("key", metavar="KEY")
+    p = command("verify", "Read and check every retained snapshot of KEY (of every key when "
+                          "KEY is left out); exit 4 if any is bad.")
+    p.add_argument("key", metavar="KEY", nargs="?", default=None)
     p.set_defaults(func=cmd_verify, create=False)
 
     p = command("suspend", "Ask KEY's running try to take a final snapshot and stop (exit 77); "

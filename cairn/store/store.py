@@ -611,10 +611,14 @@ class Store:
                     bad.setdefault(e.digest, []).append(manifest.seq)
         raise NoSnapshot(_no_good_message(key, candidates, skipped, bad))
 
-    def verify(self, key: Key, *, progress: ProgressCallback | None = None) -> VerifyReport:
-        """Check every retained snapshot of ``key`` fully; each distinct chunk is read once."""
+    def verify(self, key: Key, *, progress: ProgressCallback | None = None,
+               checked: dict[tuple[str, int, str], str | None] | None = None) -> VerifyReport:
+        """Check every retained snapshot of ``key`` fully; each distinct chunk is read once.
+
+        ``checked`` (pack, offset, digest -> reason or None) carries what earlier calls read,
+        so that verifying many keys reads a chunk they share once; it is updated in place."""
         report = VerifyReport(key)
-        checked: dict[tuple[str, int, str], str | None] = {}
+        checked = {} if checked is None else checked
         for info in self.snapshots(key):
             reason = None
             for chunk in info.manifest.chunk_refs():

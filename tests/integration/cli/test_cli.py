@@ -70,6 +70,31 @@ def test_verify_exit_code_names_the_bad_snapshot(workdir, backend_url: str) -> N
     assert got["seq"] == older.seq and got["skipped"][0]["seq"] == newest.seq
 
 
+def test_verify_without_a_key_checks_every_key_and_names_the_bad_one(workdir, backend_url: str
+                                                                      ) -> None:
+    other = KEY.replace("/train/", "/eval/")
+    cairn("put", backend_url, KEY, str(workdir / "ckpt"))
+    (workdir / "ckpt" / "sub" / "meta.json").write_text('{"step": 2}')
+    cairn("put", backend_url, other, str(workdir / "ckpt"))  # shares model.bin's chunks
+    whole = json.loads(cairn("verify", backend_url, "--json", "-q").stdout)
+    assert whole["ok"] is True and sorted(k["key"] for k in whole["keys"]) == sorted([KEY, other])
+    store = open_store(backend_url, create=False)
+    mine = store.snapshots(Key.parse(KEY))[0].manifest
+    theirs = set(store.snapshots(Key.parse(other))[0].manifest.chunk_refs())
+    only_mine = next(c for c in mine.chunk_refs() if c not in theirs)
+    tamper.flip_byte(store.backend, only_mine.pack, only_mine.offset)
+    proc = cairn("verify", backend_url, "-q", check=4)
+    assert f"{KEY}: seq {mine.seq}: BAD" in proc.stdout, proc.stdout
+    assert f"{other}: seq 2: ok" in proc.stdout, proc.stdout
+    assert "2 key(s) with snapshots of 2, 2 snapshot(s): SOME BAD" in proc.stdout
+
+
+def test_verify_without_a_key_on_an_empty_store_says_so(backend_url: str) -> None:
+    open_store(backend_url, create=True).close()
+    proc = cairn("verify", backend_url, check=3)
+    assert "holds no key" in proc.stderr
+
+
 def test_rm_then_gc_frees_space(workdir, backend_url: str) -> None:
     cairn("put", backend_url, KEY, str(workdir / "ckpt"))
     assert "removed" in cairn("rm", backend_url, KEY).stdout
