@@ -984,7 +984,7 @@ def print_restores(sizes: list[dict[str, Any]]) -> None:
           "has read 10% of its memory in 2 MiB runs (the target's case) or 10% of its pages "
           "at random; lazy / plain = lazy's next step / plain CRIU's restore; disk MB/s: the "
           "plain images read cold with 4 MiB reads; eager scratch: "
-          f"{sizes[0]['restore']['scratch']})")
+          + ", ".join(f"{s['label']} {s['restore']['scratch']}" for s in sizes) + ")")
 
 
 def print_tables(sizes: list[dict[str, Any]], torch_out: dict[str, Any] | None,
