@@ -127,6 +127,13 @@ class PostgresServer:
             except (OSError, ValueError, IndexError):
                 pass
 
+    def restart(self, *, mode: str = "fast") -> None:
+        """:meth:`stop` (``mode`` as there) and :meth:`start` again on the same port and data
+        directory: what the clients see of a database restart (their connections dropped, a
+        refused connect until it is back)."""
+        self.stop(mode=mode)
+        self.start()
+
 
 class RedisServer:
     """``redis-server`` on ``port`` with no persistence (neither RDB snapshots nor AOF)."""
@@ -164,6 +171,22 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: with no persistence every message in it is gone (the queued
+        ones and the record of the unacknowledged ones)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, *, crash: bool = False) -> None:
+        """Stop (SIGTERM; with ``crash``, :meth:`kill`) and start again on the same port and
+        directory. Without persistence a clean restart loses its messages too."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
 
 
 def _drain(stream) -> None:  # noqa: ANN001 - a pipe

@@ -149,7 +149,19 @@ class AirflowStack:
             # One task per worker slot and no message held in reserve: a task waits in the
             # broker for a free worker instead of behind a busy (or frozen) one.
             "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+            # A worker that loses the broker reconnects (Celery's broker_connection_retry,
+            # on by default) and lets its running tasks run: Celery 6 is to cancel them
+            # instead, which would turn a broker restart into a retry of every running
+            # step. Nothing is redelivered meanwhile (the visibility timeout above).
+            "AIRFLOW__CELERY__EXTRA_CELERY_CONFIG": json.dumps(
+                {"worker_cancel_long_running_tasks_on_connection_loss": False}),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+            # A scheduler fails only the heartbeat-less tasks it queued itself: one started
+            # again (after the DB went away, say) takes its dead predecessor's over once that
+            # one's heartbeat is this old, at its start and then every check interval
+            # (Airflow: 30 s and 300 s).
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
         })
         for index, name in enumerate(names):
             self.nodes[name] = WorkerNode(name, cluster=self.home, dags=self.dags, env={},
@@ -166,13 +178,37 @@ class AirflowStack:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-2000:]}\n"
                                f"{done.stderr[-2000:]}")
         for name, args in self.components():
-            log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "airflow", *args], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            log.close()
+            self._spawn(name, args)
         for node in self.nodes.values():
             node.start()
+        self.wait_healthy(timeout=timeout)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.home / f"{name}.log", "ab")  # noqa: SIM115 - the process owns it
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "airflow", *args], env=self.env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def restart_exited(self) -> list[str]:
+        """Start again every Airflow component whose process has ended (what systemd's
+        ``Restart=always`` or a Kubernetes Deployment does: Airflow's scheduler and
+        dag-processor exit when the metadata DB goes away); returns their names. Call
+        :meth:`wait_healthy` after."""
+        restarted = []
+        for name, args in self.components():
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                with open(self.home / f"{name}.log", "ab") as log:
+                    log.write(f"--- {time.strftime('%H:%M:%S')} {name} exited with "
+                              f"{proc.returncode}; starting it again\n".encode())
+                self._spawn(name, args)
+                restarted.append(name)
+        return restarted
+
+    def wait_healthy(self, *, timeout: float = 180) -> None:
+        """Until the api-server answers, the scheduler (and triggerer) report healthy and
+        every worker node is ready."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
@@ -182,7 +218,7 @@ class AirflowStack:
                        for part in ("scheduler", *(("triggerer",) if self.triggerer else ()))) \
                         and all(node.ready() for node in self.nodes.values()):
                     return
-            except (OSError, ValueError):
+            except (OSError, ValueError, RuntimeError):  # not up yet, or no DB behind it yet
                 pass
             time.sleep(1)
         raise RuntimeError(f"the Airflow stack was not healthy within {timeout:.0f}s\n"

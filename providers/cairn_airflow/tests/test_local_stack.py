@@ -53,6 +53,16 @@ def test_a_celery_cluster_retries_through_the_heartbeat_not_the_broker(tmp_path:
     assert list(stack.nodes) == ["nodeA", "nodeB"]
 
 
+def test_a_celery_worker_keeps_its_running_tasks_when_the_broker_goes_away(
+        tmp_path: Path) -> None:
+    import json
+
+    stack = AirflowStack(tmp_path / "home", DAGS, store="gs://bucket/prefix",
+                         executor=Executor.CELERY)
+    extra = json.loads(stack.env["AIRFLOW__CELERY__EXTRA_CELERY_CONFIG"])
+    assert extra == {"worker_cancel_long_running_tasks_on_connection_loss": False}
+
+
 def test_each_node_sees_its_local_disk_at_the_one_path_and_gets_the_cluster_env(
         tmp_path: Path) -> None:
     stack = AirflowStack(tmp_path / "home", DAGS, store="gs://bucket/prefix",
