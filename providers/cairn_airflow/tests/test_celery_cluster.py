@@ -2,7 +2,9 @@
 standing for two nodes, the store a GCS server process both reach. A node running a cairn step
 vanishes (its whole process tree SIGKILLed, its local disk deleted) or freezes and comes back
 as a zombie; Airflow retries the step through the task heartbeat timeout, on the other node,
-and the retry resumes from the last committed snapshot.
+and the retry resumes from the last committed snapshot. Redis and PostgreSQL restart under
+running steps, and a PostgreSQL outage long enough for the workers to kill their tasks ends in
+retries that resume.
 
 One cluster serves the session (``cairn_airflow.local_stack`` with ``executor="celery"``): each
 worker has its own mount, PID and UTS namespaces (private ``/tmp`` and ``/dev/shm``, its own
@@ -38,6 +40,7 @@ EVERY_STEPS = 100  # dags/cooperative_training.py
 FANOUT_EVERY_STEPS = 50  # dags/fanout_training.py
 WORKER_SLOTS = 3  # per node: six steps run at once on the two
 PROCESS_RETRY_DELAY_S = 2.0  # dags/process_training.py
+MAX_FAILED_HEARTBEATS = 1
 
 needs_cluster = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("redis-server")
@@ -105,7 +108,11 @@ def cluster() -> Iterator[Cluster]:
                                  # uses an encrypted store instead (docs/encryption.md).
                                  "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE": "1",
                                  "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT":
-                                     str(HEARTBEAT_TIMEOUT_S)})
+                                     str(HEARTBEAT_TIMEOUT_S),
+                                 # A supervisor kills its task after one failed heartbeat (each
+                                 # one retried for 4-15 s; Airflow's default is 3 of them).
+                                 "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS":
+                                     str(MAX_FAILED_HEARTBEATS)})
         started = time.monotonic()
         stack.start(timeout=300)
         print(f"\ncluster started in {time.monotonic() - started:.1f}s")
@@ -491,3 +498,247 @@ def test_six_concurrent_steps_each_resume_or_complete_when_a_node_is_lost(
         else:
             assert ti["try_number"] == 1 and result["start_step"] == 0, (i, ti, result)
             assert [r[1] for r in rows] == list(range(total)), f"shard {i} redid or skipped"
+
+
+# -- the platform's servers restarted mid-run --------------------------------------------------
+
+def _wait_off_db(predicate: Any, *, what: str, timeout: float, every: float = 0.5) -> Any:
+    """:meth:`AirflowStack.wait_for` without the REST calls and liveness checks, for while the
+    metadata DB is down (the api-server answers 500 then, and the scheduler exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+
+
+def _log_size(node: WorkerNode) -> int:
+    return node.log.stat().st_size if node.log.exists() else 0
+
+
+def _log_since(node: WorkerNode, offset: int) -> str:
+    with open(node.log, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def _active_runs(cluster: Cluster, run_ids: list[str]) -> set[str] | None:
+    """The runs among ``run_ids`` that a Celery task on some worker is still executing (its
+    Airflow supervisor has not returned), asked through the broker; None if a worker did not
+    answer."""
+    from celery import Celery
+
+    app = Celery(broker=cluster.stack.redis.url)
+    try:
+        replies = app.control.inspect(timeout=2).active() or {}
+    finally:
+        app.close()
+    if set(replies) != {n.celery_name for n in cluster.stack.nodes.values()}:
+        return None
+    text = json.dumps(replies)
+    return {run_id for run_id in run_ids if run_id in text}
+
+
+def _newest_seq(cluster: Cluster, key: tuple[str, ...]) -> int:
+    return max((i.seq for i in _snapshots(cluster, key)), default=-1)
+
+
+def _check_cooperative_step(rows: list[tuple[int, int, float]], result: dict[str, Any],
+                            try_number: int, *, total: int, every: int) -> str:
+    """The step completed in its first try (every step once, one process), or its retry
+    resumed from a snapshot (every step after the resume point once, at most one interval
+    redone); says which. A try that Airflow killed with SIGTERM took a final snapshot inside
+    ``ckpt.step(n)``: it holds step ``n``, whose progress line the task never wrote (it ended
+    in that call), so the log may lack exactly that one step before the resume point."""
+    assert result["end_step"] == total, result
+    if try_number == 1:
+        assert result["start_step"] == 0 and [r[1] for r in rows] == list(range(total)), \
+            "a first try that ran through redid or skipped a step"
+        return "completed"
+    assert result["start_step"] > 0, "the retry started over"
+    index = _resume_point(rows)
+    redone = rows[index - 1][1] - result["start_step"] + 1
+    assert rows[index][1] == result["start_step"] and -1 <= redone <= every, (redone, result)
+    assert [r[1] for r in rows[index:]] == list(range(result["start_step"], total)), \
+        "a step after the resume point ran twice or not at all"
+    return f"resumed at step {result['start_step']} in try {try_number}"
+
+
+def _check_process_step(rows: list[tuple[int, int, float]], try_number: int, *,
+                        steps: int) -> str:
+    """The process-mode counterpart: completed in one process, or restored (the same PID)
+    and every step after the point it was dumped at once."""
+    if try_number == 1:
+        assert [r[1] for r in rows] == list(range(steps)) and len({r[0] for r in rows}) == 1, \
+            "a first try that ran through redid or skipped a step"
+        return "completed"
+    index = next(i for i in range(1, len(rows))
+                 if rows[i][1] != rows[i - 1][1] + 1
+                 or rows[i][2] - rows[i - 1][2] > PROCESS_RETRY_DELAY_S)
+    resumed_at = rows[index][1]
+    assert resumed_at > 0, "the retry started the script over"
+    assert rows[index][0] == rows[index - 1][0], "the restored process has another PID"
+    assert [r[1] for r in rows[index:]] == list(range(resumed_at, steps)), \
+        "a step after the restore ran twice or not at all"
+    return f"restored at step {resumed_at} in try {try_number}"
+
+
+def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
+        two_nodes: Cluster) -> None:
+    """Four cooperative steps (mapped shards: three slots per node, so both nodes run some)
+    and a process-mode step run; Redis is killed and started again on its port (a crash:
+    with no persistence every message in it is gone), the workers reconnect, then PostgreSQL
+    is restarted (``pg_ctl stop -m fast``, start on the same data directory; the Airflow
+    components that exited on it are started again, as systemd or a Deployment would). Both
+    runs end succeeded; every step completed where it ran or resumed from its own snapshot;
+    no snapshot committed before the restarts is lost out of order."""
+    cluster, stack = two_nodes, two_nodes.stack
+    shards, fan_total, proc_steps = 4, 1200, 2500
+    fan_dir = cluster.observe / f"restart-fan-{uuid.uuid4().hex[:6]}"
+    fan_dir.mkdir()
+    proc_log = cluster.observe / f"restart-proc-{uuid.uuid4().hex[:6]}.log"
+    fan_run = stack.trigger("cairn_fanout_training", {
+        "shards": shards, "total_steps": fan_total, "step_seconds": 0.02,
+        "progress_dir": str(fan_dir)})
+    proc_run = stack.trigger("cairn_process_training", {
+        "steps": proc_steps, "step_seconds": 0.01, "every": "3s",
+        "progress_log": str(proc_log)})
+    fan_keys = {i: ("cairn_fanout_training", "train", fan_run, str(i)) for i in range(shards)}
+    proc_key = ("cairn_process_training", "train", proc_run, "-1")
+
+    def all_running_past_a_snapshot() -> dict[int, dict[str, Any]] | None:
+        tis = _mapped(stack, "cairn_fanout_training", fan_run)
+        proc = stack.task_instance("cairn_process_training", proc_run, "train")
+        if len(tis) == shards and all(t["state"] == "running" for t in tis.values()) \
+                and proc["state"] == "running" and len(_snapshots(cluster, proc_key)) >= 1 \
+                and all(any((i.manifest.step or 0) >= FANOUT_EVERY_STEPS
+                            for i in _snapshots(cluster, k)) for k in fan_keys.values()):
+            return {**tis, -1: proc}
+        return None
+
+    tis = stack.wait_for(all_running_past_a_snapshot, every=1, timeout=300,
+                         what="four shards and a process step running, each past a snapshot")
+    assert {t["hostname"] for t in tis.values()} == set(stack.nodes), \
+        {i: t["hostname"] for i, t in tis.items()}
+    keys = {**fan_keys, -1: proc_key}
+    before = {i: [s.seq for s in _snapshots(cluster, k)] for i, k in keys.items()}
+
+    offsets = {name: _log_size(node) for name, node in stack.nodes.items()}
+    stack.redis.restart(crash=True)
+    for name, node in stack.nodes.items():
+        # Celery logs "Connected to <broker URL>" (the URL masked) when it is back.
+        stack.wait_for(lambda n=node: "Connected to " in _log_since(n, offsets[n.name]),
+                       what=f"{name}'s worker to reconnect to the broker", timeout=120)
+    stack.postgres.restart()
+    restarted = stack.restart_exited()
+    stack.wait_healthy(timeout=180)
+    print(f"\nafter PostgreSQL's restart: restarted {restarted or 'no component'}")
+
+    fan_rows = {i: read_progress(fan_dir / f"{i}.log") for i in range(shards)}
+    proc_rows = read_progress(proc_log)
+    assert all(len(r) < fan_total for r in fan_rows.values()) and len(proc_rows) < proc_steps, \
+        "a step ended before the restarts were over: make the steps longer"
+    for i, key in keys.items():
+        now = [s.seq for s in _snapshots(cluster, key)]
+        # Retention drops the oldest ones only: a snapshot from before is there or older than
+        # every one kept.
+        assert now and max(now) >= max(before[i]), (i, before[i], now)
+        assert all(seq in now or seq < min(now) for seq in before[i]), (i, before[i], now)
+
+    assert stack.wait_for_run("cairn_fanout_training", fan_run, timeout=400) == "success", \
+        stack.logs_tail()
+    assert stack.wait_for_run("cairn_process_training", proc_run, timeout=300) == "success", \
+        stack.logs_tail()
+    tis = _mapped(stack, "cairn_fanout_training", fan_run)
+    for i in range(shards):
+        what = _check_cooperative_step(
+            read_progress(fan_dir / f"{i}.log"),
+            _mapped_xcom(stack, "cairn_fanout_training", fan_run, i), tis[i]["try_number"],
+            total=fan_total, every=FANOUT_EVERY_STEPS)
+        print(f"shard {i} on {tis[i]['hostname']}: {what}")
+    proc = stack.task_instance("cairn_process_training", proc_run, "train")
+    what = _check_process_step(read_progress(proc_log), proc["try_number"], steps=proc_steps)
+    print(f"process step on {proc['hostname']}: {what}")
+    meta = stack.xcom("cairn_process_training", proc_run, "train", "cairn")
+    assert meta["exit_code"] == 0 and meta["done"] is True
+
+
+def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retries_resume(
+        two_nodes: Cluster) -> None:
+    """PostgreSQL stops while a cooperative and a process-mode step run and stays down until
+    the worker has given up on both tries: the api-server cannot record the tasks'
+    heartbeats, so each task's Airflow supervisor kills its task after
+    ``[workers] max_failed_heartbeats`` failed ones (SIGTERM: cairn takes a final snapshot;
+    the store is not the DB) and cannot report how it ended. Once PostgreSQL is back the
+    scheduler finds both task instances running without a heartbeat and retries them (try
+    2); each retry resumes from its step's last snapshot, and every step after the resume
+    point runs once."""
+    cluster, stack = two_nodes, two_nodes.stack
+    coop, proc = "cairn_cooperative_training", "cairn_process_training"
+    coop_total, proc_steps = 3000, 4000
+    coop_log = cluster.observe / f"outage-coop-{uuid.uuid4().hex[:6]}.log"
+    proc_log = cluster.observe / f"outage-proc-{uuid.uuid4().hex[:6]}.log"
+    coop_run = stack.trigger(coop, {"total_steps": coop_total, "step_seconds": 0.01,
+                                    "progress_log": str(coop_log)})
+    proc_run = stack.trigger(proc, {"steps": proc_steps, "step_seconds": 0.01, "every": "3s",
+                                    "progress_log": str(proc_log)})
+    coop_key, proc_key = (coop, "train", coop_run, "-1"), (proc, "train", proc_run, "-1")
+    stack.wait_for(lambda: any((i.manifest.step or 0) >= 2 * EVERY_STEPS
+                               for i in _snapshots(cluster, coop_key)),
+                   what="a cooperative snapshot past the second interval", timeout=240)
+    _wait_steps(cluster, proc_log, 300)
+    taken = max(1, len(_snapshots(cluster, proc_key)))
+    stack.wait_for(lambda: len(_snapshots(cluster, proc_key)) > taken,
+                   what="a process snapshot taken after step 300", timeout=180)
+    tis = {coop: _running_ti(cluster, coop, coop_run), proc: _running_ti(cluster, proc, proc_run)}
+    assert all(t["try_number"] == 1 for t in tis.values()), tis
+    tasks = {dag: cluster.node_of(t).host_pid(t["pid"]) for dag, t in tis.items()}
+    coop_before = max(i.manifest.step or 0 for i in _snapshots(cluster, coop_key))
+    newest = {coop: _newest_seq(cluster, coop_key), proc: _newest_seq(cluster, proc_key)}
+    offsets = {name: _log_size(node) for name, node in stack.nodes.items()}
+
+    stopped_at = time.monotonic()
+    stack.postgres.stop()
+    try:
+        _wait_off_db(lambda: not any(os.path.exists(f"/proc/{p}") for p in tasks.values()),
+                     what="the supervisors to kill their tasks", timeout=240)
+        killed_s = time.monotonic() - stopped_at
+        # Until each worker is done with its try (the supervisor's last report has failed
+        # too): the scheduler alone decides what comes next.
+        _wait_off_db(lambda: _active_runs(cluster, [coop_run, proc_run]) == set(),
+                     what="the workers to give up on both tries", timeout=240)
+        down_s = time.monotonic() - stopped_at
+    finally:
+        stack.postgres.start()
+    restarted = stack.restart_exited()
+    stack.wait_healthy(timeout=180)
+    logs = {name: _log_since(node, offsets[name]) for name, node in stack.nodes.items()}
+    print(f"\nPostgreSQL down {down_s:.1f}s: the tasks were killed {killed_s:.1f}s after it "
+          f"stopped; restarted {restarted or 'no component'}")
+    for dag, ti in tis.items():
+        assert "Too many failed heartbeats" in logs[ti["hostname"]], \
+            f"{dag}: the supervisor on {ti['hostname']} did not kill the task for its " \
+            f"heartbeats:\n{logs[ti['hostname']][-3000:]}"
+    assert _newest_seq(cluster, coop_key) >= newest[coop]
+    assert _newest_seq(cluster, proc_key) >= newest[proc]
+
+    assert stack.wait_for_run(coop, coop_run, timeout=300) == "success", stack.logs_tail()
+    assert stack.wait_for_run(proc, proc_run, timeout=300) == "success", stack.logs_tail()
+    coop_ti = stack.task_instance(coop, coop_run, "train")
+    proc_ti = stack.task_instance(proc, proc_run, "train")
+    assert coop_ti["try_number"] == 2 and proc_ti["try_number"] == 2, (coop_ti, proc_ti)
+    result = stack.xcom(coop, coop_run, "train")
+    meta = stack.xcom(coop, coop_run, "train", "cairn")
+    print(f"cooperative: {_check_cooperative_step(read_progress(coop_log), result, 2, total=coop_total, every=EVERY_STEPS)}"
+          f" on {coop_ti['hostname']} (snapshot step {coop_before} was the newest before)")
+    # The retry restored a snapshot no older than the newest one before the outage.
+    assert meta["resumed_step"] >= coop_before and meta["try_number"] == 2, meta
+    print(f"process: {_check_process_step(read_progress(proc_log), 2, steps=proc_steps)} "
+          f"on {proc_ti['hostname']}")
+    proc_meta = stack.xcom(proc, proc_run, "train", "cairn")
+    assert proc_meta["exit_code"] == 0 and proc_meta["done"] is True
+    for dag, key in ((coop, coop_key), (proc, proc_key)):
+        print(f"{dag}: outcome records (epoch, outcome, host): "
+              f"{[(r['epoch'], r['outcome'], r['writer']['host']) for r in _outcome_records(cluster, key)]}")
