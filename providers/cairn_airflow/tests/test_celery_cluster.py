@@ -731,8 +731,10 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
     assert coop_ti["try_number"] == 2 and proc_ti["try_number"] == 2, (coop_ti, proc_ti)
     result = stack.xcom(coop, coop_run, "train")
     meta = stack.xcom(coop, coop_run, "train", "cairn")
-    print(f"cooperative: {_check_cooperative_step(read_progress(coop_log), result, 2, total=coop_total, every=EVERY_STEPS)}"
-          f" on {coop_ti['hostname']} (snapshot step {coop_before} was the newest before)")
+    what = _check_cooperative_step(read_progress(coop_log), result, 2, total=coop_total,
+                                   every=EVERY_STEPS)
+    print(f"cooperative: {what} on {coop_ti['hostname']} (snapshot step {coop_before} was "
+          "the newest before)")
     # The retry restored a snapshot no older than the newest one before the outage.
     assert meta["resumed_step"] >= coop_before and meta["try_number"] == 2, meta
     print(f"process: {_check_process_step(read_progress(proc_log), 2, steps=proc_steps)} "
@@ -740,5 +742,6 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
     proc_meta = stack.xcom(proc, proc_run, "train", "cairn")
     assert proc_meta["exit_code"] == 0 and proc_meta["done"] is True
     for dag, key in ((coop, coop_key), (proc, proc_key)):
-        print(f"{dag}: outcome records (epoch, outcome, host): "
-              f"{[(r['epoch'], r['outcome'], r['writer']['host']) for r in _outcome_records(cluster, key)]}")
+        records = [(r["epoch"], r["outcome"], r["writer"]["host"])
+                   for r in _outcome_records(cluster, key)]
+        print(f"{dag}: outcome records (epoch, outcome, host): {records}")
