@@ -199,10 +199,20 @@ def test_a_final_dump_that_does_not_fit_resumes_from_the_last_periodic_snapshot(
     assert_first_try_preempted(job, final=False, requested_at=requested)
     first = job.outcomes()[0]
     assert first.detail["exit_code"] == 76
+    second = job.outcomes()[1]
+    assert second.outcome is OutcomeKind.SUCCEEDED
+    assert second.detail["resumed_from_seq"] == first.progress.snapshot_seq is not None
     # The first try's steps, then the resumed try's from the snapshot on: each step after the
-    # resume point exactly once, and the resumed part reaches the end.
+    # resume point exactly once, and the resumed part reaches the end. When the kill lands
+    # before the workload logs a step past the kept snapshot, nothing is redone and the log
+    # holds every step once (seen in CI: killed 0.06 s after the request).
     steps = [step for _, step, _ in read_progress(job.progress)]
-    resume_at = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    drops = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    assert len(drops) <= 1, steps
+    resume_at = drops[0] if drops else len(steps)
     before, after = steps[:resume_at], steps[resume_at:]
-    assert before == list(range(len(before)))
-    assert after == list(range(after[0], 60)) and after[0] < len(before), steps
+    assert before == list(range(len(before))), steps
+    if after:
+        assert after == list(range(after[0], 60)) and after[0] < len(before), steps
+    else:
+        assert before == list(range(60)), steps
