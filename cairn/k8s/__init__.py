@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PodMode", "Staging", "coerce_option", "job_reader_rbac", "node_reader_rbac",
-           "to_v1pod", "with_snapshot_sidecar"]
+__all__ = ["PodMode", "Staging", "coerce_option", "grant_process_mode", "job_reader_rbac",
+           "node_reader_rbac", "to_v1pod", "with_snapshot_sidecar"]
 
 
 def __getattr__(name: str) -> Any:

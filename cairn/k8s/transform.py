@@ -700,6 +700,25 @@ def with_snapshot_sidecar(
     return _to_model(manifest, model) if model else manifest
 
 
+def grant_process_mode(pod: dict[str, Any], *, container: str) -> dict[str, Any]:
+    """A copy of the Pod manifest ``pod`` whose ``container`` may run ``cairn run`` itself: ADR
+    0008's settings (root, the capabilities CRIU needs, seccomp and AppArmor unconfined), its
+    command left as it is. For a container that starts ``cairn run`` from inside (an Airflow
+    worker pod running ``CairnRunOperator``), where :func:`with_snapshot_sidecar`'s process mode,
+    which wraps the command, does not apply. Raises :class:`ConfigError` naming the fix for
+    settings that contradict it (``runAsNonRoot``, a non-root uid, dropped capabilities,
+    ``shareProcessNamespace``: CRIU restores exact PIDs, ADR 0007)."""
+    manifest = copy.deepcopy(pod)
+    spec = manifest.get("spec")
+    if not isinstance(spec, dict):
+        raise ConfigError("the pod has no spec")
+    if spec.get("shareProcessNamespace"):
+        raise ConfigError("process mode needs the main container in its own PID namespace "
+                          "(CRIU restores exact PIDs): remove shareProcessNamespace")
+    _process_security(spec, _find_container(spec, container), manifest.setdefault("metadata", {}))
+    return manifest
+
+
 def node_reader_rbac(*, service_account: str, namespace: str,
                      name: str = "cairn-node-reader") -> list[dict[str, Any]]:
     """The ClusterRole and ClusterRoleBinding ``watch_node_label=True`` needs: ``get`` on

@@ -15,7 +15,13 @@ from kubernetes import client as k8s
 from kubernetes_validate.utils import latest_version
 
 from cairn.exceptions import ConfigError
-from cairn.k8s import PodMode, Staging, node_reader_rbac, with_snapshot_sidecar
+from cairn.k8s import (
+    PodMode,
+    Staging,
+    grant_process_mode,
+    node_reader_rbac,
+    with_snapshot_sidecar,
+)
 from cairn.k8s.quantity import format_bytes, parse_bytes
 from cairn.k8s.transform import (
     APPARMOR_ANNOTATION,
@@ -255,6 +261,33 @@ def test_process_mode_security_is_adr_0008() -> None:
     assert not out["spec"].get("shareProcessNamespace")
     side = out["spec"]["initContainers"][0]["securityContext"]
     assert side["runAsNonRoot"] is True and side["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_grant_process_mode_gives_the_same_privileges_and_keeps_the_command() -> None:
+    """For a container that starts `cairn run` itself (CairnRunOperator in a worker pod)."""
+    pod = _pod()
+    before = copy.deepcopy(pod)
+    out = grant_process_mode(pod, container="train")
+    assert pod == before
+    wrapped = with_snapshot_sidecar(_pod(), **_options("process", False))
+    assert _main(out)["securityContext"] == _main(wrapped)["securityContext"]
+    assert out["metadata"]["annotations"] == {APPARMOR_ANNOTATION + "train": "unconfined"}
+    assert _main(out)["command"] == _main(pod)["command"]
+    for version in VERSIONS:
+        kubernetes_validate.validate(out, version, strict=True)
+
+
+@pytest.mark.parametrize(("change", "fix"), [
+    (lambda p: p["spec"].update(shareProcessNamespace=True), "remove shareProcessNamespace"),
+    (lambda p: _main(p).update(securityContext={"runAsUser": 1000}), "runAsUser: 0"),
+    (lambda p: _main(p).update(securityContext={"capabilities": {"drop": ["SYS_PTRACE"]}}),
+     "remove them from capabilities.drop"),
+])
+def test_grant_process_mode_refuses_what_contradicts_it(change: Any, fix: str) -> None:
+    pod = _pod()
+    change(pod)
+    with pytest.raises(ConfigError, match=fix):
+        grant_process_mode(pod, container="train")
 
 
 def test_drop_all_adds_the_runtime_defaults_criu_needs() -> None:
