@@ -23,6 +23,19 @@ class StoreError(CairnError):
     """The store could not be read or written (I/O, network, permissions)."""
 
 
+class StoreUnreachable(StoreError):
+    """The first contact with the store, when a try starts, failed within its bound: the
+    network, the server or the mount is not there. Nothing was read, so no try may begin (a
+    fresh start would redo the work the store holds); the message names the store, what
+    failed and the fix. ``reason`` is that failure in a few words (``connection refused``,
+    ``timed out``...)."""
+
+    def __init__(self, message: str, *, url: str, reason: str) -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+
+
 class AlreadyExists(StoreError):
     """A create-only write found the name taken. Inside the slot log this means *fenced*."""
 

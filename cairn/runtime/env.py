@@ -42,6 +42,11 @@ class Var:
 
 STORE = Var("CAIRN_STORE", "the store URL: a directory or `gs://BUCKET/PREFIX`",
             "every integration", "`Checkpointer.from_env()`, KFP components")
+STORE_CONNECT_TIMEOUT = Var(
+    "CAIRN_STORE_CONNECT_TIMEOUT", "how long the first contact with a `gs://` store (opening "
+    "it, as a try starts) may take, retries included, before the try fails as unreachable "
+    "(exit 6), a duration like `30s`", "the user (an operator's env= too)",
+    "every process that opens a store", default="30s")
 KEY = Var("CAIRN_KEY", "the step's key, as `Key` text (`a/b/c`, percent-encoded components)",
           "every integration", "`Checkpointer.from_env()`")
 EVERY_STEPS = Var("CAIRN_EVERY_STEPS", "snapshot every this many steps",
@@ -117,7 +122,7 @@ K8S_COMPLETION_INDEX = Var("CAIRN_K8S_COMPLETION_INDEX", "a Job pod's completion
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
 
-ALL: tuple[Var, ...] = (STORE, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
+ALL: tuple[Var, ...] = (STORE, STORE_CONNECT_TIMEOUT, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, PLACEMENT_OPTIONS, TRACK_ROOTS,
                         CUDA_LIBRARY, NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,

@@ -23,6 +23,7 @@ from cairn.exceptions import (
     NotFound,
     PreconditionFailed,
     StoreError,
+    StoreUnreachable,
     UnsupportedFilesystem,
 )
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer, direct_length
@@ -88,7 +89,16 @@ class LocalBackend(Backend):
         self._dirs_lock = threading.Lock()
         self._direct_io = True  # until the filesystem refuses O_DIRECT
         if create:
-            self._make_root(root)
+            try:
+                self._make_root(root)
+            except OSError as e:
+                # Not an I/O error to retry: the worker lacks the directory (a volume not
+                # mounted here, a read-only filesystem, a path below a file), so no try starts.
+                raise StoreUnreachable(
+                    f"cannot create the store directory {root} ({e.strerror or e}): check the "
+                    "path is right and writable from this worker (is the volume that holds it "
+                    "mounted here?); no try starts without the store's history of this step",
+                    url=self.url, reason=e.strerror or type(e).__name__) from e
         elif not os.path.isdir(root):
             raise NotFound(f"no cairn store at {root!r}; check the path, or write a snapshot "
                            "there first with `cairn put`")

@@ -873,15 +873,17 @@ def _no_good_message(key: Key, candidates: list[Manifest], skipped: list[tuple[i
 
 
 def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
-               secret: Secret | None = None) -> Store:
+               secret: Secret | None = None, connect_timeout: float | None = None) -> Store:
     """Open the store at ``url`` (path, ``file://`` or ``gs://``).
 
     With ``secret``, a new store is created encrypted and an encrypted one is opened with its
     keyring; an unencrypted store then refuses to open (no silent downgrade). Without, an
     encrypted store raises :class:`~cairn.store.keyring.SecretError`. The runtime's
-    :func:`cairn.runtime.stores.open_store` finds the secret the environment configures.
+    :func:`cairn.runtime.stores.open_store` finds the secret the environment configures (and
+    the first contact's bound, ``connect_timeout``: see :func:`~cairn.store.url.open_backend`).
+    A store that cannot be reached raises :class:`~cairn.exceptions.StoreUnreachable`.
     """
-    backend = open_backend(url, create=create)
+    backend = open_backend(url, create=create, connect_timeout=connect_timeout)
     try:
         return Store(backend, settings=settings, create=create, secret=secret)
     except BaseException:

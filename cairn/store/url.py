@@ -11,8 +11,11 @@ from cairn.store.backend import Backend
 _HELP = "give a local directory (/data/cairn or file:///data/cairn) or a bucket (gs://BUCKET/PREFIX)"
 
 
-def open_backend(url: str, *, create: bool = True) -> Backend:
-    """The backend for ``url``. Raises :class:`ConfigError` naming the accepted forms."""
+def open_backend(url: str, *, create: bool = True, connect_timeout: float | None = None) -> Backend:
+    """The backend for ``url``. Raises :class:`ConfigError` naming the accepted forms.
+
+    ``connect_timeout``: how long a bucket's first contact may take, retries included
+    (default :data:`cairn.store.gcs.DEFAULT_CONNECT_TIMEOUT`); a local directory has none."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"empty store URL; {_HELP}")
     url = url.strip()
@@ -42,5 +45,7 @@ def open_backend(url: str, *, create: bool = True) -> Backend:
             raise ConfigError(
                 f"{url!r} needs the GCS client: pip install 'cairn-resume[gcs]' ({e})"
             ) from e
-        return GCSBackend(parts.netloc, parts.path.strip("/"))
+        if connect_timeout is None:
+            return GCSBackend(parts.netloc, parts.path.strip("/"))
+        return GCSBackend(parts.netloc, parts.path.strip("/"), connect_timeout=connect_timeout)
     raise ConfigError(f"unsupported store URL scheme {parts.scheme!r} in {url!r}; {_HELP}")
