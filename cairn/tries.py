@@ -80,11 +80,24 @@ class Try:
         self._recorded: set[int] = set()
 
     @classmethod
-    def begin(cls, *, store: str, key: Key | str, policy: ResumePolicy | None = None) -> Try:
-        """Read ``key``'s history and plan this try (logged in one line)."""
+    def begin(cls, *, store: str, key: Key | str, policy: ResumePolicy | None = None,
+              try_number: int | None = None) -> Try:
+        """Read ``key``'s history and plan this try (logged in one line). A store that cannot
+        be reached raises :class:`~cairn.exceptions.StoreUnreachable`, never an empty plan.
+
+        ``try_number``: the orchestrator's count of this try (1 for the first), when it has
+        one. A later try that finds no try at all in the store is warned about: a store that
+        a worker sees empty or missing (a volume not mounted here, a local directory on
+        another node) cannot be told from a new one, so that try starts from step 0."""
         parsed = key if isinstance(key, Key) else Key.parse(key)
         t = cls(store=store, key=parsed, policy=policy or ResumePolicy(),
                 history=read_history(store, parsed))
+        if try_number is not None and try_number > 1 and not t.history.tries:
+            log.warning("cairn: this is try %d of %s, but the store %s holds no try of it: if "
+                        "an earlier try committed snapshots, this worker does not see that "
+                        "store (a volume not mounted here, a local directory on another node: "
+                        "use a store every worker shares, such as gs://); starting from step 0",
+                        try_number, parsed, store)
         log.info("cairn: resume plan for %s: %s", parsed, t.plan.reason)
         return t
 

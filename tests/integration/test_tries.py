@@ -82,3 +82,22 @@ def test_excluded_snapshots_reach_the_checkpointer_and_cairn_run(tmp_path: Path)
     second.finish(resumed)
     with open_store(url) as store:
         assert store.history(KEY)[-1].kind is RecordKind.DONE
+
+
+def test_a_later_try_that_finds_no_try_in_the_store_is_warned_about(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A vanished volume leaves its empty mount point: the store there opens as a new one
+    (nothing tells it from a first try's), so a try after the first says so (ADR 0032)."""
+    (tmp_path / "mnt").mkdir()
+    store = str(tmp_path / "mnt" / "store")
+    with caplog.at_level("WARNING", logger="cairn.tries"):
+        Try.begin(store=store, key=KEY, try_number=1)
+        assert caplog.records == []
+        Try.begin(store=store, key=KEY, try_number=2)
+    assert (f"this is try 2 of {KEY}, but the store {store} holds no try of it" in caplog.text
+            and "a volume not mounted here" in caplog.text)
+    _train(Try.begin(store=store, key=KEY), 3)  # now the store holds a try of the key
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="cairn.tries"):
+        Try.begin(store=store, key=KEY, try_number=2)
+    assert caplog.records == []

@@ -175,7 +175,8 @@ class CairnRunOperator(SuspendDeferral, SerializesCairnConnection, BaseOperator)
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
         self.every = format_duration(self.every, name="every")  # rendered by now
         self.grace = format_duration(self.grace, name="grace")
-        this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
+        this_try = begin_try(config.url, key, self.resume_policy, env=config.env,
+                             try_number=getattr(context["ti"], "try_number", None))
         argv = self.cairn_argv(config.url, key, this_try.exclude)
         log.info("cairn: running %s", " ".join(argv))
         env = {**os.environ, **config.env, **self.env}

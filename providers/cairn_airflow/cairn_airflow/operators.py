@@ -212,7 +212,8 @@ class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOper
 
         key = task_key(context)
         log.info("cairn: key %s in %s (%s)", key, config.url, config.source)
-        this_try = begin_try(config.url, key, self.resume_policy, env=config.env)
+        this_try = begin_try(config.url, key, self.resume_policy, env=config.env,
+                             try_number=getattr(context["ti"], "try_number", None))
         env = {**this_try.env(every_steps=self.every_steps, every_seconds=self.every_seconds),
                **config.env}
         with scoped_environ(env):

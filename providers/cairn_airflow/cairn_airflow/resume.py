@@ -57,15 +57,16 @@ def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
 
 
 def begin_try(url: str, key: Any, policy: ResumePolicy, *, env: Mapping[str, str],
-              check: bool = True) -> Try:
+              check: bool = True, try_number: int | None = None) -> Try:
     """Read ``key``'s history in the store at ``url`` (with the store's credentials ``env``)
-    and plan this try (:class:`cairn.Try`); with ``check``, raise ``AirflowFailException``
-    (no retry) when the policy says the step must not run again."""
+    and plan this try (:class:`cairn.Try`, warned when a later ``try_number`` finds no try
+    in the store); with ``check``, raise ``AirflowFailException`` (no retry) when the policy
+    says the step must not run again."""
     from cairn import Try
     from cairn_airflow.hooks import scoped_environ
 
     with scoped_environ(env):
-        this_try = Try.begin(store=url, key=key, policy=policy)
+        this_try = Try.begin(store=url, key=key, policy=policy, try_number=try_number)
     if check:
         refuse_if_given_up(this_try)
     return this_try
