@@ -55,9 +55,12 @@ image bytes of the same dump, median over the consecutive contiguous rounds.
 last round's dumps, then it is killed; ``--restore-runs`` times (default 3; the order rotates),
 page cache dropped before each side: *plain* = ``criu restore`` from plain CRIU's last dump
 directory on disk (``cairn.process.criu.restore``: ``--restore-detached --restore-sibling``);
-*eager* and *lazy* = ``cairn.process.restore.restore`` of cairn's last snapshot from the store
-(verified), as ``cairn run --restore eager|lazy`` does it, the scratch copy where the staging
-policy puts a copy plus the process; lazy restores twice, as ``lazy`` and ``lazy-runs``.
+*eager*, *eager-copy* and *lazy* = ``cairn.process.restore.restore`` of cairn's last snapshot
+from the store (verified), as ``cairn run --restore eager|lazy`` does it, the scratch copy where
+the staging policy puts a copy plus the process: *eager* streams the pages images to
+``criu restore --stream`` from verified chunks (the default, ADR 0034), *eager-copy* fetches
+every image into the scratch before CRIU starts (the path GPU snapshots take); lazy restores
+twice, as ``lazy`` and ``lazy-runs``.
 After each restore the workload takes its *next step* (the same pages on every side): it reads
 64 bytes of every page of 10% of its memory in 2 MiB runs (``touch-runs``, a step's working
 set: ``lazy-runs``) or of a random 10% of its pages (``touch``, the adversarial case:
@@ -68,8 +71,11 @@ agree across sides. Per size: ``eager_vs_plain`` = median eager restore / median
 restore (target <= 1.5 at every size); ``lazy_next_step_vs_plain`` = median time to
 ``lazy-runs``'s next step / median plain restore (target <= 0.5 for the largest size, ADR
 0026 says why the runs case); ``lazy_random_next_step_vs_plain`` the same for the random
-pages (no target); the breakdown gives eager's fetch and CRIU seconds, the
-fetch's rate (image MB / fetch s) and the disk's (the plain images read cold, 4 MiB reads).
+pages (no target); ``eager_copy_vs_plain`` the same for the copy (no target); the breakdown
+gives each eager side's fetch and CRIU seconds (streamed: the fetch is the small images only,
+the pages arrive during CRIU), the copy's fetch rate (image MB / fetch s), the streamed
+restore's (image MB / whole restore s) and the disk's (the plain images read cold, 4 MiB
+reads).
 
 **torch** (no target): ``tests/support/criu_training.py`` (a DataLoader with 2 worker
 processes) is dumped by every side, twice, ``--torch-gap`` seconds apart; the table gives its
@@ -491,10 +497,11 @@ class Sides:
         pid = criu_mod.restore(self.criu, self.plain_dir, pidfile=pidfile, timeout=600)
         return pid, {"running_s": time.perf_counter() - start}, None
 
-    def cairn_restore(self, mode: restore_mod.RestoreMode
+    def cairn_restore(self, mode: restore_mod.RestoreMode, *, stream: bool = True
                       ) -> tuple[int, dict[str, Any], restore_mod.Restored]:
         """What ``cairn run --restore MODE`` does: the scratch copy where the staging policy
-        puts a copy plus the restored process (memory when the headroom covers both)."""
+        puts a copy plus the restored process (memory when the headroom covers both); eager
+        streams the pages to CRIU unless ``stream`` is False (the scratch-copy path)."""
         choice = restore_mod.scratch_choice(
             staging_mod.StagingMedium.AUTO, self.manifest,
             memory_dir=os.path.join(self.shm, "restore"),
@@ -512,14 +519,15 @@ class Sides:
         restored = restore_mod.restore(
             self.store, self.manifest, criu=self.criu, scratch=scratch, pidfile=pidfile,
             roots=snap_mod.track_roots(log_dir=self.root), mode=mode,
-            prepare=lambda image_dir: (lambda: None), kill_tree=kill_tree, timeout=600)
+            prepare=lambda image_dir: (lambda: None), kill_tree=kill_tree, timeout=600,
+            stream=stream)
         running = time.perf_counter() - start
         return restored.pid, {"running_s": running, "fetch_s": restored.fetch_s,
                               "criu_s": restored.criu_s, "scratch": choice.medium.value,
-                              "mode": restored.mode.value}, restored
+                              "mode": restored.mode.value, "streamed": restored.streamed}, restored
 
 
-RESTORE_SIDES = ("plain", "eager", "lazy", "lazy-runs")
+RESTORE_SIDES = ("plain", "eager", "eager-copy", "lazy", "lazy-runs")
 TOUCH_RUN_BYTES = 2 << 20  # the working set of a step: 10% of the memory in 2 MiB runs
 
 
@@ -544,7 +552,7 @@ def restore_round(sides: Sides, wl: Workload, order: list[str], run: int, expect
         else:
             mode = restore_mod.RestoreMode.LAZY if side.startswith("lazy") else \
                 restore_mod.RestoreMode.EAGER
-            pid, row, restored = sides.cairn_restore(mode)
+            pid, row, restored = sides.cairn_restore(mode, stream=side != "eager-copy")
         try:
             wl.adopt(pid)
             if side == "lazy-runs":
@@ -738,12 +746,15 @@ def summarize_restores(runs: list[dict[str, dict[str, Any]]], raw_read_s: float
 
     plain = side("plain", "running_s")
     eager = side("eager", "running_s")
+    copy = side("eager-copy", "running_s")
     # The target is judged on the step that reads its working set in runs (ADR 0026).
     lazy_step, lazy_random = side("lazy-runs", "next_step_runs_s"), side("lazy", "next_step_s")
     fetch = side("eager", "fetch_s")
     return {
-        "plain_s": plain, "eager_s": eager,
+        "plain_s": plain, "eager_s": eager, "eager_copy_s": copy,
         "eager_vs_plain": round(eager / plain, 4) if eager and plain else None,
+        "eager_copy_vs_plain": round(copy / plain, 4) if copy and plain else None,
+        "eager_streamed": all(r["eager"].get("streamed") for r in runs),
         "lazy_running_s": side("lazy", "running_s"),
         "next_step_s": {name: side(name, "next_step_s") for name in RESTORE_SIDES
                         if name != "lazy-runs"},
@@ -754,6 +765,8 @@ def summarize_restores(runs: list[dict[str, dict[str, Any]]], raw_read_s: float
         if lazy_random and plain else None,
         "resident_s": {name: side(name, "resident_s") for name in RESTORE_SIDES},
         "breakdown": {"eager_fetch_s": fetch, "eager_criu_s": side("eager", "criu_s"),
+                      "eager_copy_fetch_s": side("eager-copy", "fetch_s"),
+                      "eager_copy_criu_s": side("eager-copy", "criu_s"),
                       "lazy_fetch_s": side("lazy", "fetch_s"),
                       "lazy_criu_s": side("lazy", "criu_s"),
                       "raw_read_s": round(raw_read_s, 4)},
@@ -797,9 +810,14 @@ def summarize_size(size: int, rounds: list[dict[str, Any]], restores: dict[str, 
                       "plain_sync_consecutive": med([r["plain"]["sync_s"] for r in consecutive])},
         "restore": {**restores,
                     "image_bytes": rounds[-1]["cairn"]["image_bytes"],
+                    # The scratch-copy path's fetch (image into the scratch, before CRIU), and
+                    # the streamed path's whole restore (pages through CRIU, overlapped).
                     "fetch_mbps": (round(rounds[-1]["cairn"]["image_bytes"] / 1e6
-                                         / restores["breakdown"]["eager_fetch_s"], 1)
-                                   if restores["breakdown"]["eager_fetch_s"] else None),
+                                         / restores["breakdown"]["eager_copy_fetch_s"], 1)
+                                   if restores["breakdown"]["eager_copy_fetch_s"] else None),
+                    "streamed_mbps": (round(rounds[-1]["cairn"]["image_bytes"] / 1e6
+                                            / restores["eager_s"], 1)
+                                      if restores["eager_s"] else None),
                     "raw_disk_mbps": (round(rounds[-1]["plain"]["image_bytes"] / 1e6
                                             / restores["breakdown"]["raw_read_s"], 1)
                                       if restores["breakdown"]["raw_read_s"] else None)},
@@ -955,12 +973,15 @@ def print_frozen(sizes: list[dict[str, Any]], bandwidth: dict[str, Any]) -> None
 def print_restores(sizes: list[dict[str, Any]]) -> None:
     print()
     print("restore of the last snapshot, cold cache: plain = criu restore from its disk "
-          "directory; eager/lazy = cairn.process.restore from the store (verified)")
-    print_head(f"{'size':<8} {'plain s':>7} {'eager s':>7} {'ratio':>6} | {'fetch s':>7} "
-               f"{'criu s':>6} {'fetch':>6} {'disk':>6} | {'lazy':>5} | "
+          "directory; eager/copy/lazy = cairn.process.restore from the store (verified): eager "
+          "streams the pages to criu --stream, copy fetches every image to a scratch first")
+    print_head(f"{'size':<8} {'plain s':>7} {'eager s':>7} {'ratio':>6} {'copy s':>6} "
+               f"{'ratio':>5} | {'fetch s':>7} {'criu s':>6} {'fetch':>6} {'strm':>6} "
+               f"{'disk':>6} | {'lazy':>5} | "
                f"{'next step, runs s':>23} {'lazy':>5} | {'next step, random s':>23} "
                f"{'lazy':>5} | {'lazy all in s':>13} {'ok':>3}",
-               f"{'':<8} {'':>7} {'':>7} {'':>6} | {'eager':>7} {'eager':>6} {'MB/s':>6} "
+               f"{'':<8} {'':>7} {'':>7} {'':>6} {'':>6} {'':>5} | {'copy':>7} {'copy':>6} "
+               f"{'MB/s':>6} {'MB/s':>6} "
                f"{'MB/s':>6} | {'runs':>5} | {'plain':>7} {'eager':>7} {'lazy':>7} "
                f"{'/plain':>5} | {'plain':>7} {'eager':>7} {'lazy':>7} {'/plain':>5} | "
                f"{'runs':>6} {'random':>6} {'':>3}")
@@ -972,8 +993,10 @@ def print_restores(sizes: list[dict[str, Any]]) -> None:
             return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
 
         print(f"{s['label']:<8} {f(r['plain_s'], 7)} {f(r['eager_s'], 7)} "
-              f"{f(r['eager_vs_plain'], 6)} | {f(b['eager_fetch_s'], 7)} "
-              f"{f(b['eager_criu_s'], 6)} {f(r['fetch_mbps'], 6, 0)} "
+              f"{f(r['eager_vs_plain'], 6)} {f(r['eager_copy_s'], 6)} "
+              f"{f(r['eager_copy_vs_plain'], 5)} | {f(b['eager_copy_fetch_s'], 7)} "
+              f"{f(b['eager_copy_criu_s'], 6)} {f(r['fetch_mbps'], 6, 0)} "
+              f"{f(r['streamed_mbps'], 6, 0)} "
               f"{f(r['raw_disk_mbps'], 6, 0)} | {f(r['lazy_running_s'], 5)} | "
               f"{f(nr['plain'], 7)} {f(nr['eager'], 7)} {f(nr['lazy-runs'], 7)} "
               f"{f(r['lazy_next_step_vs_plain'], 5)} | {f(n['plain'], 7)} {f(n['eager'], 7)} "
@@ -982,8 +1005,9 @@ def print_restores(sizes: list[dict[str, Any]]) -> None:
               f"{'yes' if s['restore_verified'] else 'NO':>3}")
     print("(lazy runs: running after s; next step: from the restore's start until the workload "
           "has read 10% of its memory in 2 MiB runs (the target's case) or 10% of its pages "
-          "at random; lazy / plain = lazy's next step / plain CRIU's restore; disk MB/s: the "
-          "plain images read cold with 4 MiB reads; eager scratch: "
+          "at random; lazy / plain = lazy's next step / plain CRIU's restore; fetch MB/s: "
+          "the copy's fetch into its scratch; strm MB/s: the image over eager's whole streamed "
+          "restore; disk MB/s: the plain images read cold with 4 MiB reads; scratch: "
           + ", ".join(f"{s['label']} {s['restore']['scratch']}" for s in sizes) + ")")
 
 
@@ -1169,6 +1193,11 @@ def main(argv: list[str] | None = None) -> int:
         "lazy_runs_resident_s_by_size": {s["label"]: s["restore"]["resident_s"]["lazy-runs"]
                                          for s in sizes},
         "restore_fetch_mbps_by_size": {s["label"]: s["restore"]["fetch_mbps"] for s in sizes},
+        "restore_streamed_mbps_by_size": {s["label"]: s["restore"]["streamed_mbps"]
+                                          for s in sizes},
+        "eager_copy_restore_vs_plain_by_size": {s["label"]: s["restore"]["eager_copy_vs_plain"]
+                                                for s in sizes},
+        "eager_streamed": all(s["restore"]["eager_streamed"] for s in sizes),
         "raw_disk_mbps_by_size": {s["label"]: s["restore"]["raw_disk_mbps"] for s in sizes},
         "torch": torch_out if torch_out is not None else {"skipped": torch_note},
         "sizes": sizes,

@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cairn.exceptions import CriuFailed
 from cairn.process import criu as criu_mod
+from cairn.process import image_stream as stream_mod
 from cairn.process import lazy as lazy_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import staging as staging_mod
@@ -68,6 +70,35 @@ def lazy_unsafe(manifest: Manifest, *, uffd_ok: bool) -> str | None:
     return None
 
 
+def stream_unsafe(manifest: Manifest) -> str | None:
+    """Why an eager restore of ``manifest`` goes through a scratch copy of its pages rather
+    than streaming them to CRIU, or None when streaming is fine."""
+    info = snap_mod.process_info(manifest)
+    if info.get("gpu_pids"):
+        return "it holds GPU state (the checkpoint plugin's path reads image files)"
+    if not lazy_mod.pages_names(manifest):
+        return "it has no pages image"
+    return None
+
+
+def _reap_failed_root(manifest: Manifest, *, wait_s: float = 10.0) -> None:
+    """Reap the root of a tree CRIU killed when its restore failed: restored as this
+    process's child (``--restore-sibling``), it would otherwise stay a zombie holding the
+    PID the previous snapshot needs."""
+    root = snap_mod.process_info(manifest).get("root_pid")
+    if not isinstance(root, int) or root <= 0:
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            reaped, _ = os.waitpid(root, os.WNOHANG)
+        except ChildProcessError:
+            return  # not ours, or never created
+        if reaped or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
 @dataclass
 class Restored:
     """A restored tree: its root's PID, the tracked files as put back, and, for a lazy
@@ -80,6 +111,15 @@ class Restored:
     fetch_s: float
     criu_s: float
     lazy: lazy_mod.LazyRestore | None = None
+    streamed: bool = False  # eager, its pages read by CRIU from verified chunks (no copy)
+
+    @property
+    def how(self) -> str:
+        """How the tree came back, for the log: ``lazy``, ``eager, pages streamed`` or
+        ``eager, through a scratch copy``."""
+        if self.mode is RestoreMode.LAZY:
+            return "lazy"
+        return "eager, pages streamed" if self.streamed else "eager, through a scratch copy"
 
     @property
     def finished(self) -> bool:
@@ -103,7 +143,7 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
             roots: Sequence[str], mode: RestoreMode,
             prepare: Callable[[str], Callable[[], None]],
             kill_tree: Callable[[int], None], uffd_ok: bool = True,
-            timeout: float | None = None) -> Restored:
+            timeout: float | None = None, stream: bool = True) -> Restored:
     """Fetch ``manifest`` into ``scratch`` (a new directory) and restore it with CRIU.
 
     ``prepare(image_dir)`` runs once the images are in, before CRIU (socket directories,
@@ -117,20 +157,43 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
         if reason is not None:
             log.warning("restoring snapshot seq %d eagerly: %s", manifest.seq, reason)
             mode = RestoreMode.EAGER
+    if mode is RestoreMode.EAGER and stream:
+        reason = stream_unsafe(manifest)
+        if reason is not None:
+            log.info("restoring snapshot seq %d through a scratch copy: %s", manifest.seq, reason)
+            stream = False
+    streaming = mode is RestoreMode.EAGER and stream
     started = time.monotonic()
-    lazy_images = lazy_mod.pages_names(manifest) if mode is RestoreMode.LAZY else []
+    # Left out of the scratch copy: the pages a lazy restore serves, or those streamed to CRIU.
+    held_back = lazy_mod.pages_names(manifest) if mode is RestoreMode.LAZY or streaming else []
     image_dir = os.path.join(scratch, snap_mod.IMAGES)
     lazy: lazy_mod.LazyRestore | None = None
+    streamer: stream_mod.ImageStreamer | None = None
     try:
-        tracked = snap_mod.fetch(store, manifest, scratch, roots=roots, lazy_images=lazy_images)
-        if lazy_images:
+        tracked = snap_mod.fetch(store, manifest, scratch, roots=roots, lazy_images=held_back)
+        if mode is RestoreMode.LAZY:
             lazy = lazy_mod.LazyRestore(store=store, manifest=manifest, image_dir=image_dir,
-                                        pages_names=lazy_images, kill_tree=kill_tree)
+                                        pages_names=held_back, kill_tree=kill_tree)
         fetched = time.monotonic()
         undo = prepare(image_dir)
         try:
             if lazy is not None:
                 pid = lazy.start(criu, pidfile=pidfile, timeout=timeout)
+            elif streaming:
+                streamer = stream_mod.ImageStreamer(
+                    store=store, manifest=manifest, image_dir=image_dir, streamed=held_back,
+                    images_prefix=f"{snap_mod.IMAGES}/")
+                streamer.start()
+                try:
+                    pid = criu_mod.restore(criu, streamer.criu_dir, pidfile=pidfile,
+                                           timeout=timeout, extra=["--stream"])
+                except CriuFailed:
+                    _reap_failed_root(manifest)
+                    if streamer.failure is not None:
+                        raise streamer.failure from None
+                    raise
+                finally:
+                    streamer.close()
             else:
                 pid = criu_mod.restore(criu, image_dir, pidfile=pidfile, timeout=timeout)
         except BaseException:
@@ -143,9 +206,11 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
         raise
     done = time.monotonic()
     restored = Restored(pid=pid, tracked=tracked, mode=mode, scratch=scratch,
-                        fetch_s=fetched - started, criu_s=done - fetched, lazy=lazy)
+                        fetch_s=fetched - started, criu_s=done - fetched, lazy=lazy,
+                        streamed=streaming)
     if lazy is None:
         restored.close()  # CRIU has read every image
-    log.info("restored seq %d %s: fetch %.2fs, criu %.2fs", manifest.seq, mode.value,
-             restored.fetch_s, restored.criu_s)
+    log.info("restored seq %d %s%s: fetch %.2fs, criu %.2fs", manifest.seq, mode.value,
+             " (pages streamed to criu)" if streaming else "", restored.fetch_s,
+             restored.criu_s)
     return restored

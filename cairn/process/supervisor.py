@@ -424,8 +424,9 @@ class Supervisor:
                 break
             try:
                 tracked = self._restore(manifest)
-                log.warning("restored snapshot seq %d of key %s (pid %d)", manifest.seq,
-                            self.key, self.child)
+                log.warning("restored snapshot seq %d of key %s (pid %d), %s", manifest.seq,
+                            self.key, self.child, self._restored.how if self._restored
+                            else "eager")
                 self.restored_from = manifest.seq
                 # Echo from the dumped sizes: the restored workload is already writing.
                 return {t.path: t.size for t in tracked

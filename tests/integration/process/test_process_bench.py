@@ -75,16 +75,18 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     (size,) = summary["sizes"]
     assert size["size_bytes"] == 64 << 20
     assert size["restore_verified"] is True
-    assert size["restores_checked"] == 4  # plain, eager, lazy and lazy-runs, each checksummed
+    assert size["restores_checked"] == 5  # plain, eager, eager-copy, lazy, lazy-runs: checksummed
     # 32 KiB page chunks at about 35-39 bytes of manifest each (schema 2's chunk table).
     manifest = size["manifest_mib_per_gib"]
     assert 0.5 < manifest == summary["manifest_mib_per_gib_by_size"]["64 MiB"] < 4
     restore = size["restore"]
     (run,) = restore["runs"]
-    assert set(run) == {"plain", "eager", "lazy", "lazy-runs"}
+    assert set(run) == {"plain", "eager", "eager-copy", "lazy", "lazy-runs"}
     assert all(r["verified"] for r in run.values())
     assert run["lazy"]["mode"] == run["lazy-runs"]["mode"] == "lazy"
-    assert run["eager"]["mode"] == "eager"
+    assert run["eager"]["mode"] == run["eager-copy"]["mode"] == "eager"
+    assert run["eager"]["streamed"] is True and run["eager-copy"]["streamed"] is False
+    assert summary["eager_streamed"] is True and restore["eager_streamed"] is True
     for side in ("lazy", "lazy-runs"):
         assert run[side]["failure"] is None
         # Every page the lazy sides got came from cairn's handler (the image minus the small
@@ -98,9 +100,17 @@ def test_quick_bench_prints_its_summary_and_verifies_restores(tmp_path: Path) ->
     assert summary["lazy_next_step_vs_plain"] == restore["lazy_next_step_vs_plain"] > 0
     assert summary["lazy_random_next_step_vs_plain"] == \
         restore["lazy_random_next_step_vs_plain"] > 0
+    assert restore["eager_copy_vs_plain"] == pytest.approx(
+        restore["eager_copy_s"] / restore["plain_s"], abs=1e-3)
+    assert summary["eager_copy_restore_vs_plain_by_size"]["64 MiB"] == \
+        restore["eager_copy_vs_plain"]
     parts = restore["breakdown"]
     assert parts["eager_fetch_s"] + parts["eager_criu_s"] <= restore["eager_s"] + 0.01
+    assert parts["eager_copy_fetch_s"] + parts["eager_copy_criu_s"] <= \
+        restore["eager_copy_s"] + 0.01
     assert restore["fetch_mbps"] > 0 and restore["raw_disk_mbps"] > 0
+    assert restore["streamed_mbps"] == pytest.approx(
+        restore["image_bytes"] / 1e6 / restore["eager_s"], rel=0.01)
     for side in ("plain", "eager", "lazy"):
         assert restore["next_step_s"][side] >= run[side]["running_s"] > 0
     for side in ("plain", "eager", "lazy-runs"):
