@@ -10,10 +10,11 @@ from the read end, front to back. Every process CRIU forks shares the one connec
 lock, so requests arrive one at a time; each image is written by a thread of its own, as CRIU
 may hold several open at once.
 
-What is served: the pages images of the snapshot, read with
-:meth:`~cairn.store.reader.SnapshotReader.iter_file`, so no byte reaches the pipe before its
-chunk verified; every other image from the restore's scratch directory, where the fetch put it
-(verified) before CRIU started. A name that is neither (or holds a path separator) is answered
+What is served: the pages images of the snapshot, read window by window with
+:meth:`~cairn.store.reader.SnapshotReader.read_chunks` (large ranged reads, page deltas
+applied), so no byte of a window reaches the pipe before all of its chunks verified; every
+other image from the restore's scratch directory, where the fetch put it (verified) before
+CRIU started. A name that is neither (or holds a path separator) is answered
 "does not exist". A chunk that fails verification closes its pipe short: CRIU reads an early
 end of file and fails the restore, and :attr:`ImageStreamer.failure` holds the
 :class:`~cairn.exceptions.CorruptSnapshot` for the caller to raise instead of CRIU's error.
@@ -32,14 +33,19 @@ import socket
 import struct
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.store import Manifest, Store
+from cairn.store.manifest import ChunkRef
 
 log = logging.getLogger("cairn.run")
 
 SOCKET_NAME = "streamer-serve.sock"  # CRIU's IMG_STREAMER_SERVE_SOCKET_NAME
 PIPE_BYTES = 1 << 20  # the default pipe-max-size: fewer wake-ups than the 64 KiB default
+# A pages image is read window by window (SnapshotReader.read_chunks: ranged reads spanning
+# small holes, deltas patched, all on the store's pool), one window ahead of the pipe.
+WINDOW_BYTES = 32 << 20
 _LOCAL_READ = 1 << 20
 _MAX_REQUEST = 4096
 
@@ -92,6 +98,22 @@ def _recv_exact(conn: socket.socket, length: int) -> bytes | None:
         parts.append(part)
         got += len(part)
     return b"".join(parts)
+
+
+def _windows(chunks: Sequence[ChunkRef]) -> list[tuple[ChunkRef, ...]]:
+    """``chunks`` cut into consecutive runs of about WINDOW_BYTES."""
+    windows: list[tuple[ChunkRef, ...]] = []
+    run: list[ChunkRef] = []
+    size = 0
+    for chunk in chunks:
+        run.append(chunk)
+        size += chunk.size
+        if size >= WINDOW_BYTES:
+            windows.append(tuple(run))
+            run, size = [], 0
+    if run:
+        windows.append(tuple(run))
+    return windows
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -203,11 +225,7 @@ class ImageStreamer:
             except OSError:
                 pass  # a smaller pipe only costs wake-ups
             if name in self._streamed:
-                reader = self._store.reader(self._manifest)
-                for piece in reader.iter_file(f"{self._prefix}{name}"):
-                    _write_all(fd, piece)
-                    with self._lock:
-                        self.bytes_streamed += len(piece)
+                self._stream_pages(name, fd)
             else:
                 local = os.open(os.path.join(self._image_dir, name),
                                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -224,6 +242,27 @@ class ImageStreamer:
                 log.warning("image streamer: writing %s: %s", name, e)
         finally:
             os.close(fd)
+
+    def _stream_pages(self, name: str, fd: int) -> None:
+        """Write pages image ``name`` into ``fd`` window by window, each window's chunks read
+        (in large ranged reads, page deltas applied) and verified before any of it is written,
+        the next window read while this one is written."""
+        reader = self._store.reader(self._manifest)
+        windows = _windows(self._manifest.file(f"{self._prefix}{name}").chunks)
+        if not windows:
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix=f"cairn-read-{name}") as ahead:
+            future: Future[bytearray] = ahead.submit(reader.read_chunks, windows[0])
+            try:
+                for index in range(len(windows)):
+                    data = future.result()
+                    if index + 1 < len(windows):
+                        future = ahead.submit(reader.read_chunks, windows[index + 1])
+                    _write_all(fd, memoryview(data))
+                    with self._lock:
+                        self.bytes_streamed += len(data)
+            finally:
+                future.cancel()
 
     def close(self) -> None:
         """Stop serving, wait for the writers and remove the socket (idempotent). Call once
