@@ -424,9 +424,9 @@ class Supervisor:
                 break
             try:
                 tracked = self._restore(manifest)
+                assert self._restored is not None  # set by _restore
                 log.warning("restored snapshot seq %d of key %s (pid %d), %s", manifest.seq,
-                            self.key, self.child, self._restored.how if self._restored
-                            else "eager")
+                            self.key, self.child, self._restored.how)
                 self.restored_from = manifest.seq
                 # Echo from the dumped sizes: the restored workload is already writing.
                 return {t.path: t.size for t in tracked

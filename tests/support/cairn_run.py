@@ -165,3 +165,16 @@ def _criu_log_tails(workdir: Path, lines: int = 30) -> str:
 
 def metric_steps(path: Path) -> list[int]:
     return [int(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_after_commits(run: CairnRun, snapshots: int, timeout: float = 180.0) -> None:
+    """Kill ``run`` (supervisor and workload) once it reported ``snapshots`` commits, and wait
+    for its workload to die: a try lost with its node, leaving those snapshots behind."""
+    try:
+        wait_for(lambda: len(run.committed()) >= snapshots or run.proc.poll() is not None,
+                 timeout, f"{snapshots} snapshots")
+        assert run.proc.poll() is None, run.stderr
+        child = run.child_pid()
+    finally:
+        run.kill()
+    wait_for(lambda: child is None or gone(child), 30, "the workload to die with its supervisor")

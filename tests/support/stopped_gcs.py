@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from unittest import mock
 
 EMULATOR = "STORAGE_EMULATOR_HOST"
 
@@ -24,18 +25,6 @@ class StoppedStore:
     url: str        # gs://BUCKET/PREFIX, holding one committed snapshot of ``key``
     endpoint: str   # the stopped server's address: STORAGE_EMULATOR_HOST for the worker
     key: str
-
-
-@contextmanager
-def _environ_kept(name: str) -> Iterator[None]:
-    saved = os.environ.get(name)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
 
 
 def _drain(stream) -> None:  # noqa: ANN001 - a pipe
@@ -54,7 +43,8 @@ def stopped_gcs_store(*, key: str = "dag/train/run-1/0") -> Iterator[StoppedStor
     from cairn.store import Key, SnapshotMode, open_store
 
     server = FakeGCSServer()
-    with _environ_kept(EMULATOR):  # the wrapper sets it in this process, then unsets it
+    # The wrapper sets STORAGE_EMULATOR_HOST in this process, then unsets it: put it back.
+    with mock.patch.dict(os.environ):
         server.start()
         threading.Thread(target=_drain, args=(server._process.stderr,), daemon=True).start()
         try:

@@ -20,8 +20,8 @@ from cairn.process import uffd
 from cairn.process.images import PAGE_SIZE, PE_LAZY, read_pagemap
 from cairn.runtime.exits import ExitCode
 from cairn.store import Key, open_store
-from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, gone, metric_steps, \
-    wait_for
+from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, \
+    kill_after_commits, metric_steps, wait_for
 from tests.support.tamper import flip_byte
 
 pytestmark = [
@@ -47,15 +47,7 @@ def counter(tmp_path: Path, *, restore: str) -> CairnRun:
 
 def interrupted_run(tmp_path: Path, snapshots: int) -> None:
     """A first run killed (supervisor and workload) after ``snapshots`` commits."""
-    first = counter(tmp_path, restore="eager")
-    try:
-        wait_for(lambda: len(first.committed()) >= snapshots or first.proc.poll() is not None,
-                 180, f"{snapshots} snapshots")
-        assert first.proc.poll() is None, first.stderr
-        child = first.child_pid()
-    finally:
-        first.kill()
-    wait_for(lambda: child is None or gone(child), 30, "the workload to die with its supervisor")
+    kill_after_commits(counter(tmp_path, restore="eager"), snapshots)
 
 
 def test_a_lazy_restore_resumes_every_step_once(tmp_path: Path) -> None:
@@ -141,15 +133,7 @@ def memory_run(tmp_path: Path, *, restore: str) -> CairnRun:
 
 
 def interrupted_memory_run(tmp_path: Path, snapshots: int) -> None:
-    first = memory_run(tmp_path, restore="eager")
-    try:
-        wait_for(lambda: len(first.committed()) >= snapshots or first.proc.poll() is not None,
-                 300, f"{snapshots} snapshots")
-        assert first.proc.poll() is None, first.stderr
-        child = first.child_pid()
-    finally:
-        first.kill()
-    wait_for(lambda: child is None or gone(child), 30, "the workload to die with its supervisor")
+    kill_after_commits(memory_run(tmp_path, restore="eager"), snapshots, timeout=300)
 
 
 def test_a_lazy_restore_puts_back_every_page_through_fork_madvise_and_mremap(

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cairn.store import Key, open_store
-from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, gone, metric_steps, wait_for
+from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, kill_after_commits, \
+    metric_steps
 from tests.support.tamper import flip_byte
 
 pytestmark = [
@@ -38,15 +39,7 @@ def counter(tmp_path: Path) -> CairnRun:
 
 def interrupted_run(tmp_path: Path, snapshots: int) -> None:
     """A first run killed (supervisor and workload) after ``snapshots`` commits."""
-    first = counter(tmp_path)
-    try:
-        wait_for(lambda: len(first.committed()) >= snapshots or first.proc.poll() is not None,
-                 180, f"{snapshots} snapshots")
-        assert first.proc.poll() is None, first.stderr
-        child = first.child_pid()
-    finally:
-        first.kill()
-    wait_for(lambda: child is None or gone(child), 30, "the workload to die with its supervisor")
+    kill_after_commits(counter(tmp_path), snapshots)
 
 
 def scratch_files(root: Path) -> set[str]:
