@@ -39,7 +39,10 @@ What is measured:
   The first snapshot of each contender is reported separately (DCP allocates its staging
   storages then and, with PROCESS, spawns its process; cairn's Checkpointer starts its
   writer process in ``restore()`` and allocates and pre-faults its staging buffer on a
-  background thread after it, so its first snapshot waits only for what is not done yet).
+  background thread after it, so its first snapshot waits only for what is not done yet,
+  and helps with it meanwhile). The page population of a fresh buffer of the state's size is
+  timed on its own too, on 1 and ``nproc`` threads (median of up to 3): what the first
+  snapshot's wait is made of.
   Then ``--runs`` snapshots each, rotating the contenders' order every round; before each
   snapshot every tensor of the state is changed (multiplied by 1 + 1e-6, Adam's step
   counters incremented) so that nothing can be deduplicated against the previous snapshot,
@@ -545,6 +548,25 @@ def memcpy_floor(tensors: list[torch.Tensor], runs: int, threads: int) -> list[f
     return times[1:]
 
 
+def population_rates(nbytes: int, runs: int) -> dict[int, list[float]]:
+    """Seconds to pre-fault a fresh ``nbytes`` memfd staging buffer (what cairn's warm-up does
+    for the first snapshot) on 1 and on ``nproc`` threads, ``runs`` buffers each. New memory
+    costs what the kernel (and, in a VM, the hypervisor) takes to hand out its pages; the
+    first snapshot waits for whatever of it the warm-up has not done yet."""
+    out: dict[int, list[float]] = {}
+    for threads in sorted({1, os.cpu_count() or 1}):
+        out[threads] = []
+        for _ in range(runs):
+            buffer = StagingBuffer(nbytes, prefault=False)
+            try:
+                start = time.perf_counter()
+                buffer.prefault(threads=threads)
+                out[threads].append(time.perf_counter() - start)
+            finally:
+                buffer.close()
+    return out
+
+
 def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.optim.Optimizer,
                     runs: int, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {c.name: {"stall": [], "durable": [], "profiles": []}
@@ -940,6 +962,10 @@ def measure(args: argparse.Namespace, root: str, cfg: ModelConfig, model: GPT,
             median = statistics.median(times)
             log(f"memcpy, {threads} thread(s): {median:.3f}s "
                 f"({sum(t.nbytes for t in tensors) / median / 1e9:.2f} GB/s)")
+        raw["populate"] = population_rates(sum(t.nbytes for t in tensors), min(args.runs, 3))
+        for threads, times in raw["populate"].items():
+            log(f"page population of a fresh staging buffer, {threads} thread(s): "
+                f"{statistics.median(times):.3f}s")
         contenders = make_contenders(root, model, opt, args)
         raw["peers"] = {c.name: c.config for c in contenders}
         log("snapshots:")
@@ -1130,6 +1156,7 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     cairn = summary["cairn"]
     restores, cold, steps, frozen = raw["restores"], raw["cold"], raw["steps"], raw["frozen"]
     restore_med = {k: statistics.median(v) for k, v in restores.items()}
+    populate = {t: statistics.median(v) for t, v in raw["populate"].items()}
     best_load = min(TORCH_LOADS, key=lambda k: restore_med[k])
     peers = {f"memcpy_{t}": f"numpy copyto of every tensor's bytes into a pre-faulted memfd "
                             f"StagingBuffer, split evenly among {t} thread(s)"
@@ -1149,6 +1176,10 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     print_breakdowns(f"snapshots (time to durable, mean of {args.runs} runs)",
                      {n: s["breakdown"] for n, s in summary.items()})
     print_breakdowns("cairn's first snapshot", {"cairn (first)": cairn["first_breakdown"]})
+    print("  (its wait_for_warm_up: the part of the first staging buffer's page population "
+          "not yet done; fresh memory, " + ", ".join(
+              f"{t} thread(s) {state_bytes / s / 1e9:.2f} GB/s = {s:.3f}s"
+              for t, s in populate.items()) + ", medians)")
     print_breakdowns(f"restores (mean of {args.runs} runs)", raw["restore_parts"])
     print()
     print_peers(peers)
@@ -1189,6 +1220,8 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
         "seq": args.seq,
         "cold_cache": cold,
         "memcpy": memcpy,
+        "populate_s": {str(t): round(v, 4) for t, v in populate.items()},
+        "populate_gbps": {str(t): round(state_bytes / v / 1e9, 3) for t, v in populate.items()},
         "snapshots": summary,
         "restore": {k: {"median_s": round(restore_med[k], 4), "runs_s": [round(x, 4) for x in v],
                         "breakdown": raw["restore_parts"][k]} for k, v in restores.items()},

@@ -296,6 +296,7 @@ class Checkpointer:
         self.failures = 0  # snapshots in a row that the writer did not commit
         self._warm: threading.Thread | None = None
         self._warm_stop = threading.Event()
+        self._warming: StagingBuffer | None = None  # the buffer the warm-up is pre-faulting
         self._copy_pool: ThreadPoolExecutor | None = None
         self._copy_helpers = 0
         self.committed_seq: int | None = None
@@ -454,15 +455,14 @@ class Checkpointer:
             store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
             last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
             settings=dataclasses.asdict(self.store.settings), secret=self.store.secret)
-        capacity = _with_headroom(staged_size) if staged_size is not None \
-            else self._expected_capacity()
+        staged = staged_size if staged_size is not None else self._expected_size()
         self._writer.spawn()  # here, not on the warm-up thread: see WriterProcess.spawn
-        self._warm = threading.Thread(target=self._warm_up, args=(capacity,),
+        self._warm = threading.Thread(target=self._warm_up, args=(staged,),
                                       name="cairn-warm-up", daemon=True)
         self._warm.start()
 
-    def _expected_capacity(self) -> int | None:
-        """The staging buffer the next snapshot needs, from the live state; None while an
+    def _expected_size(self) -> int | None:
+        """The staging bytes the next snapshot needs, from the live state; None while an
         optimizer has parameters but no state yet (its state appears at its first step)."""
         assert self._targets is not None
         for opt in self._targets.optimizers.values():
@@ -470,37 +470,46 @@ class Checkpointer:
                 return None
         try:
             _, arrays = flatten(capture.gather(self._targets, step=0, extras=self.extras))
-            return _with_headroom(plan([header_of(a).nbytes for a in arrays])[1])
+            return plan([header_of(a).nbytes for a in arrays])[1]
         except CairnError:
             return None  # the first snapshot reports it
 
-    def _warm_up(self, capacity: int | None) -> None:
-        """On a background thread after restore: start the writer process, then allocate and
-        pre-fault the first staging buffer (about 1 s per GB on a VM, which the first
-        snapshot's stall would otherwise pay). Stops early when close() asks."""
+    def _warm_up(self, staged: int | None) -> None:
+        """On a background thread after restore: allocate and pre-fault the first staging
+        buffer (its ``staged`` bytes; the headroom faults in only if the state grows) while
+        the writer process boots, then wait until the writer is ready. The first snapshot
+        would otherwise pay both in its stall (0.5-2 s per GB of faults on a VM). One thread:
+        a second would take a core from training. Stops early when close() asks."""
         assert self._writer is not None
         try:
+            if staged is not None and not self._warm_stop.is_set():
+                buffer = StagingBuffer(_with_headroom(staged), prefault=False)
+                self._warming = buffer
+                try:
+                    done = buffer.prefault(stop=self._warm_stop, nbytes=staged)
+                except BaseException:
+                    buffer.close()
+                    raise
+                finally:
+                    self._warming = None
+                if not done:
+                    buffer.close()
+                    return
+                self._buffers[0] = buffer
+                self._writer.register_buffer(0, buffer.fd, buffer.capacity)
             self._writer.start()
-            if capacity is None or self._warm_stop.is_set():
-                return
-            buffer = StagingBuffer(capacity, prefault=False)
-            try:
-                done = buffer.prefault(stop=self._warm_stop)
-            except BaseException:
-                buffer.close()
-                raise
-            if not done:
-                buffer.close()
-                return
-            self._buffers[0] = buffer
-            self._writer.register_buffer(0, buffer.fd, buffer.capacity)
         except (CairnError, OSError) as e:
             if not self._warm_stop.is_set():
                 log.warning("key %s: could not prepare for the first snapshot ahead of time "
                             "(%s); it will try again", self.key, e)
 
     def _join_warm_up(self) -> None:
+        """Wait for the warm-up; a snapshot that comes before it ended helps pre-fault the
+        buffer it is about to use (one thread faults while training runs, two now)."""
         if self._warm is not None:
+            warming = self._warming
+            if warming is not None and not self._warm_stop.is_set():
+                warming.help_prefault()
             self._warm.join()
             self._warm = None
 

@@ -24,7 +24,7 @@ from typing import Any
 
 ALIGN = 64
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in, writable, without touching them
-_PREFAULT_PIECE = 64 << 20  # a stop request is noticed within one piece
+_PREFAULT_PIECE = 16 << 20  # a stop request (close) is noticed within one piece
 _COPY_PIECE_MIN = 1 << 20  # below this a piece is not worth a thread of its own
 
 
@@ -63,37 +63,62 @@ class StagingBuffer:
             raise
         self._pinned = 0  # the address registered with the CUDA driver, when pinned
         self._bytes: Any = None  # a torch uint8 tensor over the whole map, made on first use
+        self._prefaulting: _PrefaultJob | None = None  # while prefault() runs
         if prefault:
             self.prefault()
 
-    def prefault(self, *, stop: threading.Event | None = None) -> bool:
-        """Allocate every page now rather than during a snapshot's stall; False when ``stop``
-        was set first (the rest then faults in during the first copy).
+    def prefault(self, *, stop: threading.Event | None = None, threads: int = 1,
+                 nbytes: int | None = None) -> bool:
+        """Allocate the pages of the first ``nbytes`` (default: all) now rather than during a
+        snapshot's stall; False when ``stop`` was set first (the rest then faults in during
+        the first copy). Returns once every page is in, or the stop was seen.
 
-        Uses ``MADV_POPULATE_WRITE`` through ctypes, which releases the GIL (so a background
+        ``threads`` threads (the caller and ``threads - 1`` helpers), and any thread that
+        calls :meth:`help_prefault` meanwhile, take 16 MiB pieces in turn: on a VM one
+        thread's faults wait on the hypervisor, and several overlap those waits (1.7 GB on
+        the 2-core dev VM: 1.8-3.5 s on one thread, 0.3-2.0 s on two). Uses
+        ``MADV_POPULATE_WRITE`` through ctypes, which releases the GIL (so a background
         thread does not hold up training), else writes zeros."""
-        address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        end = self.capacity if nbytes is None else max(0, min(nbytes, self.capacity))
+        job = _PrefaultJob(self, end, stop)
+        self._prefaulting = job
+        helpers = [threading.Thread(target=job.work, name="cairn-prefault", daemon=True)
+                   for _ in range(max(1, threads) - 1)]
+        try:
+            for helper in helpers:
+                helper.start()
+            job.work()
+            for helper in helpers:
+                helper.join()
+            job.wait()  # the pieces a help_prefault caller took
+        finally:
+            self._prefaulting = None
+        return job.finish()
+
+    def help_prefault(self) -> None:
+        """From a thread that would otherwise wait for :meth:`prefault` to end (the first
+        snapshot's): take pieces of it too. Returns once no piece is left to take; the
+        prefault itself returns once every piece taken is in."""
+        job = self._prefaulting
+        if job is not None:
+            job.work()
+
+    def _populate(self, start: int, length: int) -> None:
+        """Fault in ``length`` bytes at ``start``, writable."""
         populate = _madvise()
-        zeros = b""
+        if populate is not None:
+            address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+            if populate(address + start, length, _MADV_POPULATE_WRITE) == 0:
+                return
+            code = ctypes.get_errno()
+            if code != errno.EINVAL:  # out of memory, say: writing zeros would not help
+                raise OSError(code, f"pre-faulting the staging buffer: {os.strerror(code)}")
+            # A kernel older than 5.14.
         view = memoryview(self.map)
         try:
-            for start in range(0, self.capacity, _PREFAULT_PIECE):
-                if stop is not None and stop.is_set():
-                    return False
-                length = min(_PREFAULT_PIECE, self.capacity - start)
-                if populate is not None:
-                    if populate(address + start, length, _MADV_POPULATE_WRITE) == 0:
-                        continue
-                    code = ctypes.get_errno()
-                    if code != errno.EINVAL:  # out of memory, say: writing zeros would not help
-                        raise OSError(code, f"pre-faulting the staging buffer: {os.strerror(code)}")
-                    populate = None  # a kernel older than 5.14
-                if len(zeros) < length:
-                    zeros = bytes(_PREFAULT_PIECE)
-                view[start:start + length] = zeros[:length]
+            view[start:start + length] = bytes(length)
         finally:
             view.release()
-        return True
 
     def write(self, slot: Slot, data: memoryview) -> None:
         """Copy ``data`` (exactly ``slot.nbytes``) into the slot."""
@@ -203,6 +228,48 @@ class StagingBuffer:
         except BufferError:
             pass  # a view is still alive somewhere; the mapping goes with the process
         os.close(self.fd)
+
+
+class _PrefaultJob:
+    """One :meth:`StagingBuffer.prefault` call's pieces, taken in turn by any thread."""
+
+    def __init__(self, buffer: StagingBuffer, end: int, stop: threading.Event | None) -> None:
+        self._buffer, self._end, self._stop = buffer, end, stop
+        self._next = 0
+        self._busy = 0  # pieces taken and not yet in
+        self._cond = threading.Condition()
+        self._failures: list[BaseException] = []
+
+    def _stopped(self) -> bool:
+        return bool(self._failures) or (self._stop is not None and self._stop.is_set())
+
+    def work(self) -> None:
+        """Populate pieces until none is left (or a stop or a failure); never raises."""
+        while True:
+            with self._cond:
+                if self._stopped() or self._next >= self._end:
+                    return
+                start, self._next = self._next, self._next + _PREFAULT_PIECE
+                self._busy += 1
+            try:
+                self._buffer._populate(start, min(_PREFAULT_PIECE, self._end - start))
+            except BaseException as e:  # re-raised by the prefault() caller
+                with self._cond:
+                    self._failures.append(e)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._busy == 0)
+
+    def finish(self) -> bool:
+        """True when every piece is in; raises the first failure."""
+        if self._failures:
+            raise self._failures[0]
+        return self._next >= self._end
 
 
 def _split(plain: list[tuple[int, Any, int]],

@@ -67,6 +67,18 @@ def test_each_target_is_against_the_best_peer(run: tuple[dict[str, Any], str, Pa
     assert amortized["snapshots"] == 2 and positive(amortized["with_s"])
 
 
+def test_the_first_snapshot_wait_is_set_beside_the_page_population_it_is_made_of(
+        run: tuple[dict[str, Any], str, Path]) -> None:
+    summary, stdout, _ = run
+    populate, rates = summary["populate_s"], summary["populate_gbps"]
+    assert "1" in populate and set(rates) == set(populate)
+    for threads, seconds in populate.items():
+        assert positive(seconds)
+        assert rates[threads] == pytest.approx(summary["state_bytes"] / seconds / 1e9, rel=0.05)
+    assert "page population of a fresh staging buffer" in stdout
+    assert "its wait_for_warm_up" in stdout
+
+
 def test_peer_configurations_are_named(run: tuple[dict[str, Any], str, Path]) -> None:
     summary, stdout, _ = run
     peers = summary["peers"]

@@ -3,6 +3,7 @@ dtype or the number of copying threads."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from cairn.state.codec import cpu_bytes
-from cairn.state.staging import StagingBuffer, plan
+from cairn.state.staging import _PREFAULT_PIECE, StagingBuffer, plan
 
 
 def tensors() -> list[torch.Tensor]:
@@ -61,10 +62,87 @@ def test_a_slot_too_small_is_refused() -> None:
 
 def test_prefault_stops_when_asked() -> None:
     stop = threading.Event()
-    buffer = StagingBuffer((64 << 20) + 1, prefault=False)  # two pieces
+    buffer = StagingBuffer(_PREFAULT_PIECE + 1, prefault=False)  # two pieces
     try:
         stop.set()
         assert buffer.prefault(stop=stop) is False
         assert buffer.prefault() is True
+    finally:
+        buffer.close()
+
+
+def allocated(buffer: StagingBuffer) -> int:
+    """The bytes of the buffer's memory file that have pages (shmem counts them in blocks)."""
+    return os.fstat(buffer.fd).st_blocks * 512
+
+
+def test_prefault_allocates_only_the_bytes_asked_for() -> None:
+    buffer = StagingBuffer(3 * _PREFAULT_PIECE, prefault=False)
+    try:
+        assert allocated(buffer) == 0
+        assert buffer.prefault(nbytes=_PREFAULT_PIECE + 4096) is True
+        assert allocated(buffer) == _PREFAULT_PIECE + 4096  # the headroom stays unallocated
+    finally:
+        buffer.close()
+
+
+def test_prefault_on_several_threads_allocates_every_page() -> None:
+    buffer = StagingBuffer(5 * _PREFAULT_PIECE + 4096, prefault=False)
+    try:
+        assert buffer.prefault(threads=3) is True
+        assert allocated(buffer) == buffer.capacity
+    finally:
+        buffer.close()
+
+
+def test_a_waiting_thread_helps_a_prefault_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first piece's fault is held until the helper has done the rest: the helper took
+    every other piece, and prefault returns only once all of them are in."""
+    buffer = StagingBuffer(4 * _PREFAULT_PIECE, prefault=False)
+    populate = buffer._populate
+    first_taken, helper_done = threading.Event(), threading.Event()
+    taken_by: dict[int, str] = {}
+
+    def held_populate(start: int, length: int) -> None:
+        taken_by[start] = threading.current_thread().name
+        if start == 0:
+            first_taken.set()
+            assert helper_done.wait(30)
+        populate(start, length)
+
+    monkeypatch.setattr(buffer, "_populate", held_populate)
+    result: list[bool] = []
+    warm = threading.Thread(target=lambda: result.append(buffer.prefault()), name="warm-up")
+    try:
+        warm.start()
+        assert first_taken.wait(30)
+        buffer.help_prefault()
+        helper = threading.current_thread().name
+        assert [taken_by[i * _PREFAULT_PIECE] for i in range(4)] == ["warm-up"] + [helper] * 3
+        assert warm.is_alive()  # still faulting its own piece
+        helper_done.set()
+        warm.join(30)
+        assert result == [True]
+        assert allocated(buffer) == buffer.capacity
+        buffer.help_prefault()  # after the prefault ended: nothing to take, returns at once
+    finally:
+        helper_done.set()
+        warm.join(30)
+        buffer.close()
+
+
+def test_a_failing_piece_fails_the_prefault(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = StagingBuffer(3 * _PREFAULT_PIECE, prefault=False)
+    populate = buffer._populate
+
+    def failing(start: int, length: int) -> None:
+        if start == _PREFAULT_PIECE:
+            raise OSError(12, "Cannot allocate memory")
+        populate(start, length)
+
+    monkeypatch.setattr(buffer, "_populate", failing)
+    try:
+        with pytest.raises(OSError, match="Cannot allocate memory"):
+            buffer.prefault(threads=2)
     finally:
         buffer.close()
