@@ -41,8 +41,9 @@ What is measured:
   writer process in ``restore()`` and allocates and pre-faults its staging buffer on a
   background thread after it, so its first snapshot waits only for what is not done yet,
   and helps with it meanwhile). The page population of a fresh buffer of the state's size is
-  timed on its own too, on 1 and ``nproc`` threads (median of up to 3): what the first
-  snapshot's wait is made of.
+  timed on its own too, on 1 and ``nproc`` threads (median of up to 3), after everything
+  else (memory just freed is handed out again fast): what the first snapshot's wait is made
+  of.
   Then ``--runs`` snapshots each, rotating the contenders' order every round; before each
   snapshot every tensor of the state is changed (multiplied by 1 + 1e-6, Adam's step
   counters incremented) so that nothing can be deduplicated against the previous snapshot,
@@ -957,15 +958,12 @@ def measure(args: argparse.Namespace, root: str, cfg: ModelConfig, model: GPT,
     raw: dict[str, Any] = {}
     contenders: list[Contender] = []
     try:
+        state_bytes = sum(t.nbytes for t in tensors)
         raw["memcpy"] = memcpy_floors(tensors, args.runs)
         for threads, times in raw["memcpy"].items():
             median = statistics.median(times)
             log(f"memcpy, {threads} thread(s): {median:.3f}s "
                 f"({sum(t.nbytes for t in tensors) / median / 1e9:.2f} GB/s)")
-        raw["populate"] = population_rates(sum(t.nbytes for t in tensors), min(args.runs, 3))
-        for threads, times in raw["populate"].items():
-            log(f"page population of a fresh staging buffer, {threads} thread(s): "
-                f"{statistics.median(times):.3f}s")
         contenders = make_contenders(root, model, opt, args)
         raw["peers"] = {c.name: c.config for c in contenders}
         log("snapshots:")
@@ -1003,6 +1001,11 @@ def measure(args: argparse.Namespace, root: str, cfg: ModelConfig, model: GPT,
 
         log("frozen 90% fine-tune:")
         raw["frozen"] = frozen_bytes(cfg, args, root)
+        # Last: the buffers it frees would be recycled, fast, by whatever allocated next.
+        raw["populate"] = population_rates(state_bytes, min(args.runs, 3))
+        for threads, times in raw["populate"].items():
+            log(f"page population of a fresh staging buffer, {threads} thread(s): "
+                f"{statistics.median(times):.3f}s")
     finally:
         for c in contenders:
             with contextlib.suppress(Exception):
