@@ -244,7 +244,9 @@ class _PrefaultJob:
         return bool(self._failures) or (self._stop is not None and self._stop.is_set())
 
     def work(self) -> None:
-        """Populate pieces until none is left (or a stop or a failure); never raises."""
+        """Populate pieces until none is left (or a stop or a failure). A failure is kept for
+        :meth:`finish`; only KeyboardInterrupt and SystemExit leave from here, on the thread
+        they reached (after stopping the others)."""
         while True:
             with self._cond:
                 if self._stopped() or self._next >= self._end:
@@ -256,6 +258,8 @@ class _PrefaultJob:
             except BaseException as e:  # re-raised by the prefault() caller
                 with self._cond:
                     self._failures.append(e)
+                if not isinstance(e, Exception):
+                    raise
             finally:
                 with self._cond:
                     self._busy -= 1

@@ -146,3 +146,20 @@ def test_a_failing_piece_fails_the_prefault(monkeypatch: pytest.MonkeyPatch) -> 
             buffer.prefault(threads=2)
     finally:
         buffer.close()
+
+
+def test_an_interrupt_while_pre_faulting_reaches_the_thread_it_hit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a first snapshot's help is not swallowed as a pre-fault failure."""
+    buffer = StagingBuffer(2 * _PREFAULT_PIECE, prefault=False)
+
+    def interrupted(start: int, length: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(buffer, "_populate", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            buffer.prefault()
+        assert buffer._prefaulting is None
+    finally:
+        buffer.close()
