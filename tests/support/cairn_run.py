@@ -37,7 +37,7 @@ def _state(pid: int) -> str | None:
     """The one-letter state in ``/proc/PID/stat``; None when the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it died between open and read
         return None
     return stat.rsplit(b")", 1)[1].split()[0].decode()
 
