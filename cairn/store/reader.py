@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -407,20 +407,26 @@ class SnapshotReader:
             if position != entry.size:
                 raise CorruptSnapshot(f"{path}: its chunks add up to {position} bytes, not "
                                       f"{entry.size}", seq=self.manifest.seq)
-        pending: deque[tuple[_Range, Future[int]]] = deque()
+        # Each read has its own target, so reads finish in any order: a new one starts as
+        # soon as any ends, not when the oldest does. Waiting on the oldest left pool threads
+        # idle behind one slow read (a fresh page's fault waits on the hypervisor on a VM):
+        # 1.5 GB cold, 8 threads, 1.13-1.18 s against 1.07-1.08 s with the pool kept full.
+        pending: dict[Future[int], _Range] = {}
         next_index = 0
         try:
             while next_index < len(work) or pending:
                 while next_index < len(work) and len(pending) < self._prefetch:
                     rng, view = work[next_index]
                     next_index += 1
-                    pending.append((rng, self._pool.submit(self._fetch_to, rng, view)))
-                rng, future = pending.popleft()
-                future.result()
-                if progress is not None:
-                    progress(sum(chunk.size for chunk in rng.chunks))
+                    pending[self._pool.submit(self._fetch_to, rng, view)] = rng
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    rng = pending.pop(future)
+                    future.result()
+                    if progress is not None:
+                        progress(sum(chunk.size for chunk in rng.chunks))
         finally:
-            _settle([future for _, future in pending])
+            _settle(list(pending))
 
     def read_chunks(self, chunks: Sequence[ChunkRef]) -> bytearray:
         """The verified bytes of ``chunks`` (consecutive chunks of one file), concatenated;

@@ -4,11 +4,13 @@ verified, one pipeline across files; damage raises CorruptSnapshot naming the ch
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.store import Key, Manifest, Store
+from cairn.store.reader import SnapshotReader
 from tests.support import tamper
 
 KEY = Key(("dag", "train", "run-1", "0"))
@@ -71,3 +73,42 @@ def test_buffers_must_be_writable_and_exactly_the_files_size(store: Store) -> No
         reader.read_files_into([("tensors/000001", memoryview(bytes(1000)))])
     with pytest.raises(KeyError):
         reader.read_files_into([("nope", memoryview(bytearray(1)))])
+
+
+def test_a_slow_read_does_not_hold_back_the_reads_after_it(store: Store) -> None:
+    """Reads land in buffers of their own, so a new one starts whenever any ends: with two in
+    flight, the reads after a stalled first one still run. (A reader that waited on the oldest
+    read would start nothing while the first stalls, and the first would give up waiting.)"""
+    manifest = snapshot(store)
+    backend = store.backend
+    read = backend.read_range_into
+    lock = threading.Lock()
+    calls = 0
+    others_done = 0
+    two_others_done = threading.Event()
+    first_waited: list[bool] = []
+
+    def read_range_into(name: str, offset: int, buffer: memoryview) -> int:
+        nonlocal calls, others_done
+        with lock:
+            calls += 1
+            first = calls == 1
+        if first:
+            first_waited.append(two_others_done.wait(timeout=10))
+            return read(name, offset, buffer)
+        got = read(name, offset, buffer)
+        with lock:
+            others_done += 1
+            if others_done >= 2:
+                two_others_done.set()
+        return got
+
+    reader = SnapshotReader(backend, manifest, pool=store.pool, prefetch=2, sealer=store.sealer)
+    buffers = {path: bytearray(len(data)) for path, data in FILES.items()}
+    backend.read_range_into = read_range_into  # type: ignore[method-assign]
+    try:
+        reader.read_files_into([(p, memoryview(b)) for p, b in buffers.items()])
+    finally:
+        del backend.read_range_into
+    assert first_waited == [True], "no read started while the first one stalled"
+    assert {p: bytes(b) for p, b in buffers.items()} == FILES
