@@ -410,7 +410,7 @@ class SnapshotReader:
         # Each read has its own target, so reads finish in any order: a new one starts as
         # soon as any ends, not when the oldest does. Waiting on the oldest left pool threads
         # idle behind one slow read (a fresh page's fault waits on the hypervisor on a VM):
-        # 1.5 GB cold, 8 threads, 1.13-1.18 s against 1.07-1.08 s with the pool kept full.
+        # 1.5 GB cold, 8 threads: 1.13-1.18 s, and 1.03-1.07 s with the pool kept full (ADR 0036).
         pending: dict[Future[int], _Range] = {}
         next_index = 0
         try:
