@@ -67,8 +67,8 @@ What is measured:
   as ``optimizer.step()`` updates them in place, copies every page into private memory
   (on the dev VM, 2026-12-04: 0.54-0.60 s in restores run back to back, 0.68-2.97 s in a
   full run, where its page copies met memory the guest had handed back to the host); for
-  the other sides both
-  touches cost milliseconds. All restore the same state (saved last, unchanged);
+  the other sides both touches cost milliseconds. All restore the same state (saved last,
+  unchanged);
   ``restore_vs_torch_load`` is against the faster ``torch.load`` form when ready, and
   ``restore_vs_torch_load_resident`` against the faster one when resident. Each restore runs in
   a fresh process, as a retried task would: it builds the model and an empty optimizer,
