@@ -81,6 +81,14 @@ What is measured:
   a side that runs right after itself reuses its own freed heap (``torch.load`` measured 1.0 s
   that way against 2.8-4.4 s after another side), so the rotation, not the reader, decided
   the figure.
+* **restore, then train**: ``--first-step-runs`` more restores per side (default 3), each in
+  a fresh process from a cold page cache, followed at once by two real training steps
+  (batch ``--batch`` x ``--seq``, fixed seed), each timed, with nothing touched in between:
+  the end point ``write_in`` stands in for, measured. ``restore_first_step_vs_torch_load``
+  is cairn's restore + first step against the faster ``torch.load`` form's (median of the
+  runs; no target, a check on the ready end point). Every side's two losses must agree with
+  cairn's in the same round, so each restored model and optimizer is checked without
+  reading it beforehand.
 * **bytes written** for a fine-tune with >= 90% of the parameters (by element count) frozen
   (``requires_grad=False``, Adam over the rest): snapshot, one training step, snapshot; the
   second snapshot's bytes written (``Manifest.bytes_written`` plus ``padding_bytes``, the
@@ -230,7 +238,8 @@ class Trainer:
                  seq: int) -> None:
         self.model, self.opt, self.cfg, self.batch, self.seq = model, opt, cfg, batch, seq
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """One training step; returns its loss."""
         idx = torch.randint(0, self.cfg.vocab, (self.batch, self.seq + 1))
         logits = self.model(idx[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, self.cfg.vocab),
@@ -238,6 +247,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+        return float(loss)
 
     def timed_step(self) -> float:
         start = time.perf_counter()
@@ -609,6 +619,8 @@ def snapshot_rounds(contenders: list[Contender], model: nn.Module, opt: torch.op
 
 
 RESTORE_SIDES = ("cairn", "torch_load", "torch_load_mmap", "dcp_load")
+TRAIN_AFTER_STEPS = 2  # the first pays for what a restore left undone; the second is a step
+TRAIN_AFTER_SEED = 7
 TORCH_LOADS = ("torch_load", "torch_load_mmap")  # restore_vs_torch_load: the faster of them
 RESTORE_PEERS = {
     "cairn": "Checkpointer(store=..., key=...).restore(model=, optimizer=): every chunk's "
@@ -638,12 +650,10 @@ def state_digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
     return digest.hexdigest()
 
 
-def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
-    """In a fresh process (``--restore-child``): build the model and an empty optimizer, drop
-    the page cache, wait ``--settle`` s, then time one restore by ``side`` from ``source``."""
-    target = GPT(model_config(args))
-    opt = make_optimizer(target)
-    timers = Timers()
+def make_restore(side: str, source: str, target: nn.Module, opt: torch.optim.Optimizer,
+                 timers: Timers) -> tuple[Callable[[], None], Parts]:
+    """The restore by ``side`` from ``source`` into ``target`` and ``opt``, and the attributes
+    its breakdown times."""
     parts: Parts = []
     if side == "cairn":
         # load_state reads and verifies, capture.apply copies into the live objects.
@@ -675,6 +685,16 @@ def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, 
             with timers.timing("set_state_dict"):
                 set_state_dict(target, opt, model_state_dict=state["model"],
                                optim_state_dict=state["optim"])
+    return restore, parts
+
+
+def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
+    """In a fresh process (``--restore-child``): build the model and an empty optimizer, drop
+    the page cache, wait ``--settle`` s, then time one restore by ``side`` from ``source``."""
+    target = GPT(model_config(args))
+    opt = make_optimizer(target)
+    timers = Timers()
+    restore, parts = make_restore(side, source, target, opt, timers)
     gc.collect()
     cold = drop_caches()
     time.sleep(args.settle)
@@ -692,9 +712,38 @@ def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, 
             "main": timers.main, "pool": timers.pool}
 
 
+def restore_then_train(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
+    """In a fresh process (``--restore-child --train-after``): as :func:`restore_once`, but
+    the restore is followed by ``TRAIN_AFTER_STEPS`` real training steps, each timed, and
+    nothing is touched in between: the first step pays whatever the restore left undone.
+    The batches come from a seed set after the restore, so every side's losses must agree
+    (the parent checks them; reading a digest first would fault the state in)."""
+    cfg = model_config(args)
+    target = GPT(cfg)
+    opt = make_optimizer(target)
+    trainer = Trainer(target, opt, cfg, args.batch, args.seq)
+    restore, _ = make_restore(side, source, target, opt, Timers())
+    gc.collect()
+    cold = drop_caches()
+    time.sleep(args.settle)
+    start = time.perf_counter()
+    restore()
+    restored = time.perf_counter()
+    # After the restore: cairn's puts back the snapshot's RNG state, the others do not.
+    torch.manual_seed(TRAIN_AFTER_SEED)
+    steps_s, losses = [], []
+    for _ in range(TRAIN_AFTER_STEPS):
+        began = time.perf_counter()
+        losses.append(trainer.step())
+        steps_s.append(time.perf_counter() - began)
+    return {"side": side, "restore_s": restored - start, "steps_s": steps_s, "losses": losses,
+            "cold": cold}
+
+
 def restore_in_child(sides: tuple[str, ...], sources: dict[str, str], flags: list[str]
                      ) -> list[dict[str, Any]]:
-    """Run ``restore_once`` for each side, in order, in one new process."""
+    """Run ``restore_once`` (``restore_then_train`` when ``flags`` has ``--train-after``) for
+    each side, in order, in one new process."""
     pairs = [f"{side}={sources[side]}" for side in sides]
     child = subprocess.run([sys.executable, os.path.abspath(__file__), "--restore-child", *pairs,
                             *flags], capture_output=True, text=True, check=False)
@@ -719,11 +768,7 @@ def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.opt
     resident: dict[str, list[float]] = {name: [] for name in RESTORE_SIDES}
     profiles: dict[str, list[tuple[float, Timers]]] = {name: [] for name in RESTORE_SIDES}
     cold = True
-    flags = ["--threads", str(args.threads), "--settle", str(args.settle)]
-    if args.quick:
-        flags.append("--quick")
-    elif args.small:
-        flags.append("--small")
+    flags = child_flags(args)
     for run in range(args.runs):
         shift = run % len(RESTORE_SIDES)
         order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
@@ -743,6 +788,77 @@ def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.opt
             log(f"  run {run + 1} restore {name}: {result['seconds']:.3f}s "
                 f"(resident after {result['resident_seconds']:.3f}s)")
     return times, resident, {name: mean_breakdown(p) for name, p in profiles.items()}, cold
+
+
+def child_flags(args: argparse.Namespace) -> list[str]:
+    """The options a restore child needs to build the same model and time it alike."""
+    flags = ["--threads", str(args.threads), "--settle", str(args.settle),
+             "--batch", str(args.batch), "--seq", str(args.seq)]
+    if args.quick:
+        flags.append("--quick")
+    elif args.small:
+        flags.append("--small")
+    return flags
+
+
+def first_step_rounds(sources: dict[str, str], args: argparse.Namespace,
+                      log: Callable[[str], None]) -> tuple[dict[str, list[dict[str, Any]]], bool]:
+    """``--first-step-runs`` rounds of restore-then-train per side, each in a fresh process,
+    the sides' order rotating every round. Every side's losses must agree with cairn's in
+    the same round (the same state and batches give the same loss; the second step's also
+    depends on the restored Adam moments). Returns each side's runs and whether every one
+    started from a cold page cache."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in RESTORE_SIDES}
+    cold = True
+    flags = [*child_flags(args), "--train-after"]
+    for run in range(args.first_step_runs):
+        shift = run % len(RESTORE_SIDES)
+        order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
+        batches = [order] if args.quick else [(name,) for name in order]
+        results = {r["side"]: r for batch in batches
+                   for r in restore_in_child(batch, sources, flags)}
+        expected = results["cairn"]["losses"]
+        for name in order:
+            result = results[name]
+            if not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
+                       for a, b in zip(result["losses"], expected, strict=True)):
+                raise AssertionError(f"{name}: losses {result['losses']} after the restore, "
+                                     f"cairn's {expected}: the restored states differ")
+            cold = cold and result["cold"]
+            runs[name].append(result)
+            log(f"  run {run + 1} restore + first step {name}: restore {result['restore_s']:.3f}s"
+                f", steps " + " ".join(f"{s:.3f}s" for s in result["steps_s"]))
+    return runs, cold
+
+
+def summarize_first_steps(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per side: medians of the restore, of each step, and of restore + first step (the time
+    until training has really gone on)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, results in runs.items():
+        until = [r["restore_s"] + r["steps_s"][0] for r in results]
+        out[name] = {
+            "restore_median_s": round(statistics.median(r["restore_s"] for r in results), 4),
+            "step_median_s": [round(statistics.median(r["steps_s"][i] for r in results), 4)
+                              for i in range(TRAIN_AFTER_STEPS)],
+            "restore_and_first_step_median_s": round(statistics.median(until), 4),
+            "restore_and_first_step_runs_s": [round(x, 4) for x in until],
+        }
+    return out
+
+
+def print_first_step_table(first: dict[str, dict[str, Any]], cold: bool, best: str) -> None:
+    label = "restore, then train" + ("" if cold else " [WARM CACHE: could not drop it]")
+    print(f"{label:<30} {'restore':>9} {'1st step':>9} {'2nd step':>9} {'restore+1st':>12}"
+          f"   restore+1st, runs")
+    for name, f in first.items():
+        mark = " *" if name == best else ""
+        print(f"{name + mark:<30} {f['restore_median_s']:>9.3f} {f['step_median_s'][0]:>9.3f} "
+              f"{f['step_median_s'][1]:>9.3f} {f['restore_and_first_step_median_s']:>12.3f}   "
+              + " ".join(f"{v:.3f}" for v in f["restore_and_first_step_runs_s"]))
+    print("(real training steps right after the restore call, nothing touched in between: the "
+          "first pays what the restore left undone; medians; * the faster torch.load form, "
+          "which restore_first_step_vs_torch_load uses)")
 
 
 def frozen_bytes(cfg: ModelConfig, args: argparse.Namespace, root: str) -> dict[str, Any]:
@@ -872,10 +988,10 @@ def amortized(ckpt: Checkpointer, trainer: Trainer, total_steps: int, every: int
 
 # -- main -------------------------------------------------------------------------------------
 
-QUICK_DEFAULTS = {"runs": 1, "amortize_steps": 4, "snapshot_every": 2, "step_samples": 1,
-                  "settle": 0.0}
-FULL_DEFAULTS = {"runs": 5, "amortize_steps": 200, "snapshot_every": 50, "step_samples": 3,
-                 "settle": 4.0}
+QUICK_DEFAULTS = {"runs": 1, "first_step_runs": 1, "amortize_steps": 4, "snapshot_every": 2,
+                  "step_samples": 1, "settle": 0.0}
+FULL_DEFAULTS = {"runs": 5, "first_step_runs": 3, "amortize_steps": 200, "snapshot_every": 50,
+                 "step_samples": 3, "settle": 4.0}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -889,6 +1005,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "every figure still reported")
     parser.add_argument("--runs", type=int, default=None,
                         help="timed snapshots per contender, and restores per side (default 5)")
+    parser.add_argument("--first-step-runs", type=int, default=None,
+                        help="restores per side followed by real training steps (default 3; "
+                             "0 skips them)")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch.set_num_threads for every contender (default 2)")
     parser.add_argument("--dir", default=None,
@@ -908,6 +1027,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds between the cache drop and each timed restore (default 4)")
     parser.add_argument("--restore-child", nargs="+", metavar="SIDE=SOURCE",
                         help=argparse.SUPPRESS)  # timed restores, run by restore_in_child
+    parser.add_argument("--train-after", action="store_true",
+                        help=argparse.SUPPRESS)  # the child trains after its restore
     parser.add_argument("--no-dcp-process", action="store_true",
                         help="skip the dcp_async configurations with a PROCESS executor")
     parser.add_argument("--skip-steps", action="store_true",
@@ -918,8 +1039,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.quick:
         args.no_dcp_process = True  # its first snapshot alone spawns a process: 15 s here
-    if args.runs < 1 or args.threads < 1 or args.snapshot_every < 2:
-        parser.error("--runs and --threads must be >= 1, --snapshot-every >= 2")
+    if args.runs < 1 or args.threads < 1 or args.snapshot_every < 2 or args.first_step_runs < 0:
+        parser.error("--runs and --threads must be >= 1, --snapshot-every >= 2, "
+                     "--first-step-runs >= 0")
     return args
 
 
@@ -1001,6 +1123,10 @@ def measure(args: argparse.Namespace, root: str, cfg: ModelConfig, model: GPT,
         log("restore (page cache dropped before each):")
         (raw["restores"], raw["restores_resident"], raw["restore_parts"],
          raw["cold"]) = restore_rounds(sources, model, opt, args, log)
+        raw["first_steps"], raw["first_steps_cold"] = {}, True
+        if args.first_step_runs:
+            log("restore, then real training steps (page cache dropped before each):")
+            raw["first_steps"], raw["first_steps_cold"] = first_step_rounds(sources, args, log)
         remove(sources["torch_load"])
         remove(sources["dcp_load"])
 
@@ -1127,7 +1253,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.restore_child:
         pairs = [item.split("=", 1) for item in args.restore_child]
-        print(json.dumps([restore_once(side, source, args) for side, source in pairs]))
+        child = restore_then_train if args.train_after else restore_once
+        print(json.dumps([child(side, source, args) for side, source in pairs]))
         return 0
     cfg = model_config(args)
     load_start = loadavg()
@@ -1200,6 +1327,12 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     print()
     print_restore_table(restores, raw["restores_resident"], cold, best_load)
     print()
+    first = summarize_first_steps(raw["first_steps"]) if raw["first_steps"] else {}
+    best_first = min(TORCH_LOADS, key=lambda k: first[k]["restore_and_first_step_median_s"]) \
+        if first else None
+    if first:
+        print_first_step_table(first, raw["first_steps_cold"], best_first)
+        print()
     print_steps(frozen, steps)
     print()
     print_breakdowns(f"snapshots (time to durable, mean of {args.runs} runs)",
@@ -1212,6 +1345,9 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     print_breakdowns(f"restores (mean of {args.runs} runs)", raw["restore_parts"])
     print()
     print_peers(peers)
+    resident_ratio = resident_med["cairn"] / resident_med[best_resident]
+    first_ratio = (first["cairn"]["restore_and_first_step_median_s"]
+                   / first[best_first]["restore_and_first_step_median_s"]) if first else None
     figures = {
         "stall_vs_memcpy": round(cairn["stall_median_s"] / memcpy["median_s"], 4),
         "stall_vs_dcp_best": round(
@@ -1228,6 +1364,9 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     for k, t in targets.items():
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         print(f"{k:<24} {value:>8} {t['target']:>6.2f}  {'yes' if t['met'] else 'NO'}")
+    if first:
+        print(f"(not targets: restore + first real step against {best_first} "
+              f"{first_ratio:.3f}; resident against {best_resident} {resident_ratio:.3f})")
     print()
     return {
         **figures,
@@ -1235,8 +1374,12 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
         "restore_vs_torch_load_plain": round(restore_med["cairn"] / restore_med["torch_load"], 4),
         "restore_vs_torch_load_mmap": round(
             restore_med["cairn"] / restore_med["torch_load_mmap"], 4),
-        "restore_vs_torch_load_resident": round(
-            resident_med["cairn"] / resident_med[best_resident], 4),
+        "restore_vs_torch_load_resident": round(resident_ratio, 4),
+        "restore_first_step_vs_torch_load": None if first_ratio is None else round(first_ratio, 4),
+        "torch_load_best_first_step": best_first,
+        "first_step_runs": args.first_step_runs,
+        "first_step_cold_cache": raw["first_steps_cold"],
+        "restore_then_train": first,
         "torch_load_best": best_load,
         "torch_load_best_resident": best_resident,
         "dcp_best": dcp_best,

@@ -36,7 +36,8 @@ def test_summary_has_every_figure_and_target(run: tuple[dict[str, Any], str, Pat
     for key in (*FIGURES, "targets", "peers", "memcpy", "snapshots", "restore", "frozen90",
                 "steps", "cold_cache", "torch_load_best", "dcp_best", "restore_vs_dcp_load",
                 "restore_vs_torch_load_plain", "restore_vs_torch_load_mmap", "loadavg_start",
-                "loadavg_end"):
+                "loadavg_end", "restore_then_train", "restore_first_step_vs_torch_load",
+                "torch_load_best_first_step", "first_step_cold_cache"):
         assert key in summary, key
     assert summary["quick"] is True and summary["runs"] == 1
     for name in FIGURES:
@@ -113,3 +114,25 @@ def test_breakdowns_add_up_to_their_totals(run: tuple[dict[str, Any], str, Path]
     assert cairn_restore["pool_busy_s"]["verify"] > 0
     assert summary["restore"]["torch_load_mmap"]["breakdown"]["parts_s"]["torch.load"] > 0
     assert "where time goes" in stdout
+
+
+def test_restores_are_followed_by_real_training_steps(
+        run: tuple[dict[str, Any], str, Path]) -> None:
+    """Each side also restores and then trains two steps at once (its losses checked against
+    cairn's by the bench); restore + first step is set against the faster torch.load form."""
+    summary, stdout, _ = run
+    first = summary["restore_then_train"]
+    assert set(first) == RESTORES and summary["first_step_runs"] == 1
+    for side, f in first.items():
+        assert positive(f["restore_median_s"]) and len(f["step_median_s"]) == 2, (side, f)
+        assert all(positive(s) for s in f["step_median_s"]), (side, f)
+        (until,) = f["restore_and_first_step_runs_s"]  # one run: the median is that run
+        assert until == f["restore_and_first_step_median_s"]
+        assert until == pytest.approx(f["restore_median_s"] + f["step_median_s"][0], abs=2e-4)
+    best = min(("torch_load", "torch_load_mmap"),
+               key=lambda k: first[k]["restore_and_first_step_median_s"])
+    assert summary["torch_load_best_first_step"] == best
+    assert summary["restore_first_step_vs_torch_load"] == pytest.approx(
+        first["cairn"]["restore_and_first_step_median_s"]
+        / first[best]["restore_and_first_step_median_s"], rel=1e-3)
+    assert "restore, then train" in stdout and "restore + first step cairn" in stdout
