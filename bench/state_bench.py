@@ -83,12 +83,12 @@ What is measured:
   the figure.
 * **restore, then train**: ``--first-step-runs`` more restores per side (default 3), each in
   a fresh process from a cold page cache, followed at once by two real training steps
-  (batch ``--batch`` x ``--seq``, fixed seed), each timed, with nothing touched in between:
-  the end point ``write_in`` stands in for, measured. ``restore_first_step_vs_torch_load``
-  is cairn's restore + first step against the faster ``torch.load`` form's (median of the
-  runs; no target, a check on the ready end point). Every side's two losses must agree with
-  cairn's in the same round, so each restored model and optimizer is checked without
-  reading it beforehand.
+  (batch ``--batch`` x ``--seq``, a seed set after the restore), each timed, with nothing
+  touched in between: the end point ``write_in`` stands in for, measured.
+  ``restore_first_step_vs_torch_load`` is cairn's restore + first step against the faster
+  ``torch.load`` form's (median of the runs; no target, a check on the ready end point).
+  Every side's two losses must agree with cairn's in the same round, so each restored model
+  and optimizer is checked without reading it beforehand.
 * **bytes written** for a fine-tune with >= 90% of the parameters (by element count) frozen
   (``requires_grad=False``, Adam over the rest): snapshot, one training step, snapshot; the
   second snapshot's bytes written (``Manifest.bytes_written`` plus ``padding_bytes``, the
@@ -688,6 +688,14 @@ def make_restore(side: str, source: str, target: nn.Module, opt: torch.optim.Opt
     return restore, parts
 
 
+def settle_cold(args: argparse.Namespace) -> bool:
+    """Collect garbage, drop the page cache, wait ``--settle`` s; whether the drop worked."""
+    gc.collect()
+    cold = drop_caches()
+    time.sleep(args.settle)
+    return cold
+
+
 def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process (``--restore-child``): build the model and an empty optimizer, drop
     the page cache, wait ``--settle`` s, then time one restore by ``side`` from ``source``."""
@@ -695,9 +703,7 @@ def restore_once(side: str, source: str, args: argparse.Namespace) -> dict[str, 
     opt = make_optimizer(target)
     timers = Timers()
     restore, parts = make_restore(side, source, target, opt, timers)
-    gc.collect()
-    cold = drop_caches()
-    time.sleep(args.settle)
+    cold = settle_cold(args)
     with timed_attributes(timers, parts):
         start = time.perf_counter()
         restore()
@@ -723,9 +729,7 @@ def restore_then_train(side: str, source: str, args: argparse.Namespace) -> dict
     opt = make_optimizer(target)
     trainer = Trainer(target, opt, cfg, args.batch, args.seq)
     restore, _ = make_restore(side, source, target, opt, Timers())
-    gc.collect()
-    cold = drop_caches()
-    time.sleep(args.settle)
+    cold = settle_cold(args)
     start = time.perf_counter()
     restore()
     restored = time.perf_counter()
@@ -770,11 +774,7 @@ def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.opt
     cold = True
     flags = child_flags(args)
     for run in range(args.runs):
-        shift = run % len(RESTORE_SIDES)
-        order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
-        # --quick restores every side in one process (4 torch imports took 30 s of a smoke
-        # run); the timed runs give each restore a fresh process, as the docstring says.
-        batches = [order] if args.quick else [(name,) for name in order]
+        order, batches = restore_batches(run, args)
         results = [r for batch in batches for r in restore_in_child(batch, sources, flags)]
         for name, result in zip(order, results):
             if result["digest"] != expected:
@@ -788,6 +788,16 @@ def restore_rounds(sources: dict[str, str], live: nn.Module, live_opt: torch.opt
             log(f"  run {run + 1} restore {name}: {result['seconds']:.3f}s "
                 f"(resident after {result['resident_seconds']:.3f}s)")
     return times, resident, {name: mean_breakdown(p) for name, p in profiles.items()}, cold
+
+
+def restore_batches(run: int, args: argparse.Namespace
+                    ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Round ``run``'s order of the restore sides (rotated by one each round) and the sides
+    each child process restores: one each, or, with ``--quick``, all in one process (4 torch
+    imports took 30 s of a smoke run)."""
+    shift = run % len(RESTORE_SIDES)
+    order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
+    return order, [order] if args.quick else [(name,) for name in order]
 
 
 def child_flags(args: argparse.Namespace) -> list[str]:
@@ -812,9 +822,7 @@ def first_step_rounds(sources: dict[str, str], args: argparse.Namespace,
     cold = True
     flags = [*child_flags(args), "--train-after"]
     for run in range(args.first_step_runs):
-        shift = run % len(RESTORE_SIDES)
-        order = RESTORE_SIDES[shift:] + RESTORE_SIDES[:shift]
-        batches = [order] if args.quick else [(name,) for name in order]
+        order, batches = restore_batches(run, args)
         results = {r["side"]: r for batch in batches
                    for r in restore_in_child(batch, sources, flags)}
         expected = results["cairn"]["losses"]
