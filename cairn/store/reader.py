@@ -12,8 +12,10 @@ with ``O_DIRECT`` (:mod:`cairn.store.aligned`), which a restore into fresh memor
 A delta chunk (:mod:`cairn.store.delta`) is read from its base's extent and its pages' and
 checked once assembled; no byte of it is handed out or renamed into place before that.
 In an encrypted store every stored extent is ``ciphertext || tag`` (:mod:`cairn.store.sealing`):
-reads take in the tag, each extent is authenticated and decrypted in place on the pool thread
-that read it, and a chunk's name is checked over its plaintext with the store's keyed hash.
+reads take in the tag into scratch memory of the pool thread that read it, each extent is
+authenticated and decrypted from there into its place in the output (never in place: cryptography
+51 refuses overlapping buffers, and out of place costs the same), and a chunk's name is checked
+over its plaintext with the store's keyed hash.
 """
 
 from __future__ import annotations
@@ -209,11 +211,14 @@ _SCRATCH = threading.local()
 
 
 def _thread_scratch(length: int) -> memoryview:
-    """Page-aligned memory of at least ``length`` bytes, reused by the calling (pool) thread:
-    a fresh mapping per read would fault in every page of it."""
+    """Page-aligned memory of ``length`` bytes. Up to SPAN_BUFFER_BYTES it is reused by the
+    calling (pool) thread (a fresh mapping per read would fault in every page of it); a
+    longer one (a chunk above MAX_READ_BYTES) is the caller's own, so that no thread keeps it."""
+    if length > SPAN_BUFFER_BYTES:
+        return memoryview(aligned_buffer(length))
     buffer = getattr(_SCRATCH, "buffer", None)
-    if buffer is None or len(buffer) < length:
-        buffer = _SCRATCH.buffer = aligned_buffer(max(length, SPAN_BUFFER_BYTES))
+    if buffer is None:
+        buffer = _SCRATCH.buffer = aligned_buffer(SPAN_BUFFER_BYTES)
     return memoryview(buffer)[:length]
 
 
@@ -255,78 +260,60 @@ class SnapshotReader:
                 "does not exist", seq=self.manifest.seq, digest=digest or None) from None
 
     def _fetch_delta(self, chunk: ChunkRef, view: memoryview) -> int:
-        """Read delta ``chunk``'s base and pages, assemble it in ``view[:chunk.size]`` and
-        check its digest."""
+        """Read delta ``chunk``'s base and pages, assemble it in ``view[:chunk.size]`` (nothing
+        of ``view`` past that is written) and check its digest."""
         assert chunk.base_pack is not None
-        tail = self._tail
-        stored = chunk.stored_size + tail
-        pages = aligned_buffer(-(-stored // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
-        got = self._read_part(chunk.base_pack, chunk.base_offset, view[:chunk.size + tail],
-                              chunk.digest)
-        got_pages = self._read_part(chunk.pack, chunk.offset, memoryview(pages)[:stored],
-                                    chunk.digest)
-        if got < chunk.size + tail or got_pages < stored:
-            raise CorruptSnapshot(f"delta chunk {chunk.digest} in {chunk.pack} is truncated",
-                                  seq=self.manifest.seq, digest=chunk.digest)
-        if self._sealer is not None:
-            self._open(chunk.base_pack, chunk.base_offset, view[:chunk.size + tail], chunk.digest)
-            self._open(chunk.pack, chunk.offset, memoryview(pages)[:stored], chunk.digest)
+        pages = aligned_buffer(-(-chunk.stored_size // DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN)
+        self._fetch_extent(chunk.base_pack, chunk.base_offset, view[:chunk.size], chunk)
+        self._fetch_extent(chunk.pack, chunk.offset, memoryview(pages)[:chunk.stored_size], chunk)
         delta.apply(view[:chunk.size], memoryview(pages), chunk.delta_mask)
         if self._digest(view[:chunk.size]) != chunk.digest:
             raise _bad_chunk(chunk, self.manifest.seq)
         return chunk.size
 
+    def _fetch_extent(self, pack: str, offset: int, out: memoryview, chunk: ChunkRef) -> None:
+        """Read one stored extent of delta ``chunk`` (its base or its pages) and put its
+        plaintext in ``out`` (exactly its size); checked once the chunk is assembled."""
+        sealed = _thread_scratch(len(out) + self._tail) if self._tail else out
+        if self._read_part(pack, offset, sealed, chunk.digest) < len(sealed):
+            raise CorruptSnapshot(f"delta chunk {chunk.digest} in {chunk.pack} is truncated",
+                                  seq=self.manifest.seq, digest=chunk.digest)
+        if self._tail:
+            self._open(pack, offset, sealed, chunk.digest, out)
+
     def _open(self, pack: str, offset: int, sealed: memoryview, digest: str,
-              out: memoryview | None = None) -> None:
-        """Authenticate and decrypt one stored extent (an encrypted store): in place, or into
-        ``out``. A failure names the chunk ``digest``."""
+              out: memoryview) -> None:
+        """Authenticate and decrypt one stored extent (an encrypted store) into ``out``. A
+        failure names the chunk ``digest``."""
         assert self._sealer is not None
         try:
-            if out is None:
-                self._sealer.open_extent(pack, offset, sealed)
-            else:
-                self._sealer.open_extent_into(pack, offset, sealed, out)
+            self._sealer.open_extent_into(pack, offset, sealed, out)
         except CorruptSnapshot as e:
             raise type(e)(f"chunk {digest}: {e}", seq=self.manifest.seq,
                           digest=digest or None) from None
 
     def _fetch_to(self, rng: _Range, target: memoryview) -> int:
-        """:meth:`_fetch_verified` into ``target``, which holds exactly the chunks' plaintext:
-        in an encrypted store the stored extents are read into scratch memory and each is
-        decrypted straight into its place in ``target``, then checked there."""
-        if not self._tail:
-            return self._fetch_verified(rng, target)
-        scratch = _thread_scratch(rng.length)
-        if rng.assemble:
-            self._fetch_verified(rng, scratch)
-            target[:rng.chunks[0].size] = scratch[:rng.chunks[0].size]
-            return rng.chunks[0].size
-        got = self._read_part(rng.pack, rng.offset, scratch, rng.chunks[0].digest)
-        at = 0
-        for chunk in rng.chunks:
-            assert isinstance(chunk, ChunkRef)
-            start = chunk.offset - rng.offset
-            if start + chunk.size + self._tail > got:
-                raise CorruptSnapshot(f"chunk {chunk.digest} in {chunk.pack} is truncated",
-                                      seq=self.manifest.seq, digest=chunk.digest)
-            out = target[at:at + chunk.size]
-            self._open(chunk.pack, chunk.offset, scratch[start:start + chunk.size + self._tail],
-                       chunk.digest, out)
-            if self._digest(out) != chunk.digest:
-                raise _bad_chunk(chunk, self.manifest.seq)
-            at += chunk.size
-        return at
+        """:meth:`_fetch_verified` into ``target``, which holds exactly the chunks' plaintext,
+        back to back."""
+        return self._fetch_verified(rng, target, packed=True)
 
-    def _fetch_verified(self, rng: _Range, view: memoryview) -> int:
-        """Read ``rng`` into ``view`` (at least ``rng.length`` bytes) and check the digest of
-        every chunk that has one (a delta chunk's pieces are checked once assembled); runs on
-        a pool thread. Returns the bytes read."""
+    def _fetch_verified(self, rng: _Range, view: memoryview, *, packed: bool = False) -> int:
+        """Read ``rng`` and check the digest of every chunk that has one (a delta chunk's
+        pieces are checked once assembled); runs on a pool thread. Each chunk's plaintext goes
+        to its offset in the range within ``view`` (at least ``rng.length`` bytes; what lies
+        between chunks is undefined), or with ``packed`` back to back from the start of
+        ``view``. An encrypted store's extents are read into the thread's scratch memory and
+        decrypted from there. Returns the bytes read."""
         if rng.assemble:
             chunk = rng.chunks[0]
             assert isinstance(chunk, ChunkRef)
             return self._fetch_delta(chunk, view)
-        got = self._read_part(rng.pack, rng.offset, view[:rng.length], rng.chunks[0].digest)
         tail = self._tail
+        # Unsealed, a packed range is one contiguous run: read in place either way.
+        assert tail or not packed or rng.length == sum(c.size for c in rng.chunks)
+        stored = _thread_scratch(rng.length) if tail else view[:rng.length]
+        got = self._read_part(rng.pack, rng.offset, stored, rng.chunks[0].digest)
+        at = 0
         for chunk in rng.chunks:
             start = chunk.offset - rng.offset
             if start + chunk.size + tail > got:
@@ -334,15 +321,17 @@ class SnapshotReader:
                     f"chunk {chunk.digest or '(part of a delta chunk)'} in {chunk.pack} is "
                     f"truncated ({max(got - start - tail, 0)} of {chunk.size} bytes)",
                     seq=self.manifest.seq, digest=chunk.digest or None)
+            out = view[at:at + chunk.size] if packed else view[start:start + chunk.size]
+            at += chunk.size
             if tail:
                 owner = chunk.chunk if isinstance(chunk, _Part) and chunk.chunk else chunk
-                self._open(chunk.pack, chunk.offset, view[start:start + chunk.size + tail],
-                           owner.digest)
-            if chunk.digest and self._digest(view[start:start + chunk.size]) != chunk.digest:
+                self._open(chunk.pack, chunk.offset, stored[start:start + chunk.size + tail],
+                           owner.digest, out)
+            if chunk.digest and self._digest(out) != chunk.digest:
                 raise CorruptSnapshot(
                     f"chunk {chunk.digest} in {chunk.pack} does not match its digest",
                     seq=self.manifest.seq, digest=chunk.digest)
-        return got
+        return at if packed else got
 
     def iter_file(self, path: str, *, progress: Callable[[int], None] | None = None
                   ) -> Iterator[memoryview]:

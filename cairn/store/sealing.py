@@ -141,23 +141,25 @@ class Sealer:
         (exactly ``len(plaintext) + TAG_BYTES``; reused memory spares a page fault per page)."""
         self._pack_aead(pack).encrypt_into(self._nonce(offset), plaintext, self._ad, out)
 
-    def open_extent(self, pack: str, offset: int, sealed: memoryview) -> memoryview:
-        """Decrypt ``sealed`` (``ciphertext || tag`` read from ``offset`` of ``pack``) in place;
-        returns the plaintext's view (``sealed`` minus its tag). Raises :class:`SealBroken`."""
-        if len(sealed) < TAG_BYTES:
-            raise SealBroken(f"the extent at {offset} of pack {pack} is truncated")
-        plain = sealed[:len(sealed) - TAG_BYTES]
-        self.open_extent_into(pack, offset, sealed, plain)
-        return plain
+    def open_extent(self, pack: str, offset: int, sealed: bytes | memoryview) -> bytes:
+        """The plaintext of ``sealed`` (``ciphertext || tag`` read from ``offset`` of
+        ``pack``) as new bytes. Raises :class:`SealBroken`."""
+        try:
+            return self._pack_aead(pack).decrypt(self._nonce(offset), sealed, self._ad)
+        except InvalidTag:
+            raise _extent_broken(pack, offset) from None
 
     def open_extent_into(self, pack: str, offset: int, sealed: memoryview,
                          out: memoryview) -> None:
-        """Decrypt ``sealed`` into ``out`` (its plaintext length). Raises :class:`SealBroken`."""
+        """Decrypt ``sealed`` into ``out`` (its plaintext length), which must not overlap
+        ``sealed``: cryptography 51 refuses overlapping buffers, and no release documents
+        in-place decryption. Raises :class:`SealBroken`."""
+        if len(sealed) < TAG_BYTES:
+            raise SealBroken(f"the extent at {offset} of pack {pack} is truncated")
         try:
             self._pack_aead(pack).decrypt_into(self._nonce(offset), sealed, self._ad, out)
         except InvalidTag:
-            raise SealBroken(f"the extent at {offset} of pack {pack} failed authentication "
-                             "(tampered with, moved, or from another store)") from None
+            raise _extent_broken(pack, offset) from None
 
     # -- whole objects --------------------------------------------------------------------
 
@@ -187,3 +189,8 @@ class Sealer:
         except InvalidTag:
             raise SealBroken(f"{name} failed authentication (tampered with, or moved from "
                              "another name, key, seq or store)") from None
+
+
+def _extent_broken(pack: str, offset: int) -> SealBroken:
+    return SealBroken(f"the extent at {offset} of pack {pack} failed authentication "
+                      "(tampered with, moved, or from another store)")

@@ -647,7 +647,7 @@ class Store:
                 return f"truncated in {pack} ({len(data) - tail} of {length} bytes)"
             if self.sealer is not None:
                 try:
-                    data = bytes(self.sealer.open_extent(pack, offset, memoryview(bytearray(data))))
+                    data = self.sealer.open_extent(pack, offset, data)
                 except CorruptSnapshot as e:
                     return str(e)
             pieces.append(data)
