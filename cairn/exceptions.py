@@ -70,6 +70,29 @@ class UnsafePath(CorruptSnapshot):
     hard links. A snapshot carrying one is not trusted: it is skipped like a corrupt one."""
 
 
+class RestoreFailed(CairnError):
+    """Reading or restoring a snapshot failed on the restoring side, not by a store verdict: a
+    library error, a bug, out of memory. Unlike :class:`CorruptSnapshot` it says nothing about
+    the snapshot, so nothing was skipped and every snapshot stays in place: fix the cause, then
+    retry. ``seq`` is the snapshot being read, or None. Its ``__cause__`` is the failure."""
+
+    def __init__(self, message: str, *, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
+class RestoreFailedExit(RestoreFailed, SystemExit):
+    """A :class:`RestoreFailed` raised where a bare script (``python train.py`` in a pod) may
+    let it propagate: also a :class:`SystemExit` whose ``code`` (``cairn run``'s 8, from
+    :mod:`cairn.runtime.exits`, given by whoever raises it) is what the process exits with,
+    instead of 1. An uncaught SystemExit prints nothing: whoever raises it logs the cause
+    first. ``except Exception`` still catches it."""
+
+    def __init__(self, message: str, *, code: int, seq: int | None = None) -> None:
+        super().__init__(message, seq=seq)
+        self.code = code
+
+
 class NoSnapshot(NotFound):
     """No committed snapshot that verifies exists for the key."""
 

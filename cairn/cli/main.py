@@ -3,7 +3,8 @@ and resume a running step.
 
 Exit codes are stable (scripts may rely on them) and defined in :mod:`cairn.runtime.exits`:
 0 success, 1 internal error, 2 bad usage or input, 3 not found, 4 verification failed, 5
-fenced, 6 storage error, 7 host not ready (``doctor``), 75/76 ``run`` preempted with / without
+fenced, 6 storage error, 7 host not ready (``doctor``), 8 restoring failed on this side (a
+library error, a bug, out of memory; no snapshot skipped), 75/76 ``run`` preempted with / without
 a final snapshot, 77 ``run`` suspended on request, 130 interrupted. ``cairn run`` otherwise exits with its command's own code
 (128 + N if signal N killed it).
 
@@ -461,7 +462,10 @@ signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was comm
 preempted and no final snapshot (it would not fit --grace, or it failed; the previous one is
 kept); 77 suspended on request (`cairn suspend`) with a final snapshot committed, or the key
 is suspended and the command was not started (`cairn resume` lifts it); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
-store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight).
+store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight);
+8 restoring the snapshot failed on this side (a library error, a bug, out of memory: the log
+names it): no snapshot was skipped, and the command was not started (or, restored lazily, was
+stopped).
 After the command exits 0 the key is marked done and its snapshots removed (--keep to keep)."""
 
 
@@ -504,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
-               "5 fenced, 6 storage error, 7 host not ready (doctor), 75/76 preempted (run), "
+               "5 fenced, 6 storage error, 7 host not ready (doctor), 8 restore failed on this "
+               "side (nothing skipped), 75/76 preempted (run), "
                "77 suspended (run), 130 interrupted.")
     parser.add_argument("--version", action="version", version=f"cairn {__version__}")
     secret_help = (f"the secret file that opens an encrypted store (default: ${env.SECRET_FILE}); "

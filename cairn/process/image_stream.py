@@ -17,7 +17,11 @@ other image from the restore's scratch directory, where the fetch put it (verifi
 CRIU started. A name that is neither (or holds a path separator) is answered
 "does not exist". A chunk that fails verification closes its pipe short: CRIU reads an early
 end of file and fails the restore, and :attr:`ImageStreamer.failure` holds the
-:class:`~cairn.exceptions.CorruptSnapshot` for the caller to raise instead of CRIU's error.
+:class:`~cairn.exceptions.CorruptSnapshot` for the caller to raise instead of CRIU's error;
+so does any other failure of a writer or the server on this side (a library error, a bug),
+as the :class:`~cairn.exceptions.RestoreFailed` that
+:func:`~cairn.store.verdicts.as_read_failure` makes of it, so that the restore neither takes
+CRIU's short read for a host problem nor skips the snapshot.
 
 Threads: :meth:`start` runs the server on a thread of its own; :meth:`close` may be called
 from any thread, once CRIU has exited.
@@ -35,9 +39,10 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from cairn.exceptions import CorruptSnapshot
+from cairn.exceptions import CairnError, CorruptSnapshot
 from cairn.store import Manifest, Store
 from cairn.store.manifest import ChunkRef
+from cairn.store.verdicts import as_read_failure
 
 log = logging.getLogger("cairn.run")
 
@@ -137,7 +142,7 @@ class ImageStreamer:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
-        self.failure: CorruptSnapshot | None = None
+        self.failure: CairnError | None = None  # a CorruptSnapshot or a RestoreFailed
         self.served: list[str] = []  # image names, in the order CRIU asked for them
         self.bytes_streamed = 0
 
@@ -205,9 +210,11 @@ class ImageStreamer:
                         return
                     self._threads.append(writer)
                 writer.start()
-        except (OSError, ValueError, ConnectionError) as e:
+        except (OSError, ValueError, ConnectionError) as e:  # CRIU's side of the protocol
             if not self._closed:
                 log.warning("image streamer: %s (criu fails the restore)", e)
+        except Exception as e:  # noqa: BLE001 - a bug here: the restore raises it, not CRIU's
+            self._failed(e, "serving")
         finally:
             conn.close()
 
@@ -240,8 +247,19 @@ class ImageStreamer:
         except OSError as e:
             if e.errno != errno.EPIPE:  # CRIU stopped reading: it failed for its own reason
                 log.warning("image streamer: writing %s: %s", name, e)
+        except Exception as e:  # noqa: BLE001 - a library error or a bug, not CRIU's short read
+            self._failed(e, name)
         finally:
             os.close(fd)
+
+    def _failed(self, error: Exception, what: str) -> None:
+        """Record a failure on this side as the restore's (the first one wins)."""
+        failure = as_read_failure(error, seq=self._manifest.seq)
+        assert isinstance(failure, CairnError)  # neither an OSError nor a BaseException
+        with self._lock:
+            self.failure = self.failure or failure
+        log.error("snapshot seq %d: %s: %s; the restore fails", self._manifest.seq, what,
+                  failure, exc_info=error)
 
     def _stream_pages(self, name: str, fd: int) -> None:
         """Write pages image ``name`` into ``fd`` window by window, each window's chunks read

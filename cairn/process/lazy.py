@@ -16,8 +16,11 @@ eagerly; a snapshot with GPU processes is restored eagerly by the supervisor).
 A chunk that fails verification ends the restore: the restored tree is killed *before* the
 handler closes its userfaultfds, because a process whose userfaultfd closes would read zeros
 where its memory was (see :meth:`LazyRestore.fail`). The supervisor then restores the
-previous snapshot. No dump is taken while pages are outstanding: the images of a half-filled
-process are not a snapshot (the supervisor polls :meth:`LazyRestore.poll`).
+previous snapshot; a failure of the reading on this side (a library error, a bug: a
+:class:`~cairn.exceptions.RestoreFailed`, :mod:`cairn.store.verdicts`) ends the restore the
+same way, but the supervisor then skips nothing and exits 8. No dump is taken while pages
+are outstanding: the images of a half-filled process are not a snapshot (the supervisor polls
+:meth:`LazyRestore.poll`).
 """
 
 from __future__ import annotations
@@ -33,16 +36,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cairn.exceptions import CorruptSnapshot, CriuFailed
+from cairn.exceptions import CorruptSnapshot, CriuFailed, RestoreFailed
 from cairn.process import criu as criu_mod
 from cairn.process import uffd
 from cairn.process.images import PAGE_SIZE, PE_LAZY, entries, fields, read_pagemap
 from cairn.process.lazy_handler import FaultHandler, HandlerStats, Pending
-from cairn.process.snapshot import IMAGES
+from cairn.process.snapshot import IMAGES, process_info
 from cairn.store import Manifest, Store
 from cairn.store.fileops import pwrite_all
 from cairn.store.manifest import ChunkRef
 from cairn.store.reader import SnapshotReader
+from cairn.store.verdicts import as_read_failure
 
 log = logging.getLogger("cairn.run")
 
@@ -212,6 +216,7 @@ class PageSource:
     def __init__(self, reader: SnapshotReader, manifest: Manifest, image_dir: str,
                  names: Sequence[str]) -> None:
         self._reader = reader
+        self._seq = manifest.seq
         self.on_progress: Callable[[], None] = lambda: None  # after each verified run
         self._cond = threading.Condition()
         self._files: dict[str, _ChunkFile] = {}
@@ -253,15 +258,20 @@ class PageSource:
                     self._cond.notify_all()
                 self.on_progress()
         except BaseException as e:
+            # Classified once, so that every waiter raises the same verdict or RestoreFailed.
+            failure = as_read_failure(e, seq=self._seq)
             with self._cond:
                 if self._failure is None:
-                    self._failure = e
+                    self._failure = failure
                 self._cond.notify_all()
-            raise
+            if failure is e:
+                raise
+            raise failure from e
 
     def ensure(self, name: str, offset: int, length: int, *, urgent: bool = False) -> None:
         """Block until ``[offset, offset + length)`` of pages image ``name`` is verified and
-        in its scratch file. Raises CorruptSnapshot (or the error that ended a fetch).
+        in its scratch file. Raises CorruptSnapshot, or the error that ended a fetch as
+        :func:`~cairn.store.verdicts.as_read_failure` classified it (RestoreFailed...).
         ``urgent``: a page fault waits for it; the background fetch makes room (see
         :meth:`fill_next`)."""
         if urgent:
@@ -295,17 +305,17 @@ class PageSource:
                 self._cond.wait()
 
     def _raise_failure(self) -> None:
+        # The failure as _fetch classified it: only a store verdict is a CorruptSnapshot.
         if self._failure is not None:
-            if isinstance(self._failure, CorruptSnapshot):
-                raise self._failure
-            raise CorruptSnapshot(f"fetching pages failed: {self._failure}") from self._failure
+            raise self._failure
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         """``length`` verified bytes at ``offset`` of pages image ``name``."""
         self.ensure(name, offset, length)
         data = os.pread(self._files[name].fd, length, offset)
         if len(data) != length:
-            raise CorruptSnapshot(f"{name}: short read of the verified scratch copy")
+            raise RestoreFailed(f"{name}: short read of the verified scratch copy (this side's "
+                                "scratch, not the snapshot: nothing was skipped)", seq=self._seq)
         return data
 
     def address(self, name: str, offset: int) -> int:
@@ -408,6 +418,11 @@ class LazyRestore:
         self.index = PageIndex(image_dir)
         self.source = PageSource(store.reader(manifest), manifest, image_dir, pages_names)
         self._kill_tree = kill_tree
+        self._seq = manifest.seq
+        # CRIU restores the snapshot's PIDs exactly (they were free before it started).
+        restoring = process_info(manifest).get("root_pid")
+        self._restoring_root = restoring if isinstance(restoring, int) and restoring > 0 \
+            else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -434,8 +449,11 @@ class LazyRestore:
         try:
             pid = criu_mod.restore(criu, self.image_dir, pidfile=pidfile, timeout=timeout,
                                    extra=["--lazy-pages"])
-        except BaseException:
+        except BaseException as e:
             handler.stop()
+            failure = self.failure  # why CRIU failed, when a page could not be served
+            if isinstance(e, CriuFailed) and isinstance(failure, (CorruptSnapshot, RestoreFailed)):
+                raise failure from failure.__cause__
             raise
         self.stats.restored_s = time.monotonic() - self.stats.started
         with self._lock:
@@ -459,6 +477,8 @@ class LazyRestore:
         except OSError as e:  # the scratch went away: the restore is being torn down
             if not self._stop.is_set():
                 self.fail(e)
+        except Exception as e:  # noqa: BLE001 - a RestoreFailed (or a bug): it ends the restore
+            self.fail(as_read_failure(e, seq=self._seq))
         if self._handler is not None:
             self._handler.wake()
 
@@ -473,7 +493,13 @@ class LazyRestore:
             root = self.root_pid
         self._stop.set()
         if root is None:
-            return  # CRIU is still restoring: start() kills the tree once it has its root
+            # CRIU is still restoring: start() kills the tree once it has its root. But a task
+            # that faulted meanwhile waits for a page that will not come, and CRIU waits for
+            # it: kill the tree being restored, so that CRIU fails instead of hanging.
+            if self._restoring_root is not None:
+                with contextlib.suppress(Exception):
+                    self._kill_tree(self._restoring_root)
+            return
         with contextlib.suppress(Exception):
             self._kill_tree(root)
         if self._handler is not None:

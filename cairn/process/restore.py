@@ -149,9 +149,11 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
     ``prepare(image_dir)`` runs once the images are in, before CRIU (socket directories,
     shared-memory files), and returns what undoes it should CRIU fail. ``kill_tree(root)`` kills
     the restored tree (a lazy restore calls it when a chunk fails verification, before the
-    tree could read a page it did not get). Raises CorruptSnapshot (the scratch is removed)
-    or CriuFailed; on success the caller owns the returned :class:`Restored` and must
-    :meth:`~Restored.close` it, or poll :attr:`~Restored.finished`."""
+    tree could read a page it did not get). Raises CorruptSnapshot (the scratch is removed),
+    CriuFailed, or whatever else failed on this side (the failure a streamed image or a lazy
+    page met, as recorded: a RestoreFailed, rather than CRIU's error); on success the caller
+    owns the returned :class:`Restored` and must :meth:`~Restored.close` it, or poll
+    :attr:`~Restored.finished`."""
     if mode is RestoreMode.LAZY:
         reason = lazy_unsafe(manifest, uffd_ok=uffd_ok)
         if reason is not None:
@@ -178,7 +180,11 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
         undo = prepare(image_dir)
         try:
             if lazy is not None:
-                pid = lazy.start(criu, pidfile=pidfile, timeout=timeout)
+                try:
+                    pid = lazy.start(criu, pidfile=pidfile, timeout=timeout)
+                except BaseException:
+                    _reap_failed_root(manifest)  # its PID must be free for the next restore
+                    raise
             elif streaming:
                 streamer = stream_mod.ImageStreamer(
                     store=store, manifest=manifest, image_dir=image_dir, streamed=held_back,
@@ -189,8 +195,9 @@ def restore(store: Store, manifest: Manifest, *, criu: str, scratch: str, pidfil
                                            timeout=timeout, extra=["--stream"])
                 except CriuFailed:
                     _reap_failed_root(manifest)
-                    if streamer.failure is not None:
-                        raise streamer.failure from None
+                    failure = streamer.failure  # why CRIU read a short image, if it was us
+                    if failure is not None:
+                        raise failure from failure.__cause__
                     raise
                 finally:
                     streamer.close()

@@ -63,6 +63,7 @@ from cairn.exceptions import (
     NotFound,
     NotSnapshottable,
     ProcessError,
+    RestoreFailed,
     StoreError,
 )
 from cairn.process import compat as compat_mod
@@ -90,6 +91,7 @@ from cairn.runtime.endings import record_exit
 from cairn.runtime.exits import PREEMPTED, ExitCode, from_wait_status
 from cairn.runtime.wakeup import Wakeup
 from cairn.store.hashing import digest
+from cairn.store.verdicts import as_read_failure, reading
 
 log = logging.getLogger("cairn.run")
 
@@ -339,6 +341,10 @@ class Supervisor:
         try:
             code = self._supervise()
             return code
+        except RestoreFailed as e:  # nothing was skipped: the snapshots stay for the retry
+            log.error("%s (exit %d)", e, ExitCode.RESTORE_FAILED, exc_info=e.__cause__ or e)
+            code = ExitCode.RESTORE_FAILED
+            return code
         finally:
             if self._echo is not None:
                 self._echo.stop()
@@ -408,7 +414,9 @@ class Supervisor:
     # -- starting: restore or fresh --------------------------------------------------------
 
     def _start_workload(self) -> dict[str, int]:
-        """Restore or start the workload; returns the log offsets already shown."""
+        """Restore or start the workload; returns the log offsets already shown. Only a store
+        verdict (CorruptSnapshot) skips a snapshot; CRIU's or the host's failure (CriuFailed,
+        OSError) starts fresh; any other failure raises RestoreFailed, skipping nothing."""
         assert self._store is not None
         reason = None
         snapshots = [i for i in self._store.snapshots(self.key)
@@ -423,7 +431,8 @@ class Supervisor:
                 reason = (f"snapshot seq {manifest.seq} does not fit: " + "; ".join(differences))
                 break
             try:
-                tracked = self._restore(manifest)
+                with reading(manifest.seq):  # a RestoreFailed ends the try: nothing skipped
+                    tracked = self._restore(manifest)
                 assert self._restored is not None  # set by _restore
                 log.warning("restored snapshot seq %d of key %s (pid %d), %s", manifest.seq,
                             self.key, self.child, self._restored.how)
@@ -581,11 +590,15 @@ class Supervisor:
 
     def _restart_after_lazy_failure(self) -> dict[str, int]:
         """A lazy restore failed (a chunk did not verify, or its handler failed): its tree is
-        killed; reap it and start again from the previous snapshot (or fresh)."""
+        killed; reap it and start again from the previous snapshot (or fresh). A failure of
+        the reading on this side raises RestoreFailed instead: no snapshot is skipped."""
         assert self._restored is not None and self._restored.lazy is not None
-        seq = self.restored_from
+        seq, failure = self.restored_from, self._restored.lazy.failure
+        assert failure is not None  # _lazy_failed() said so
+        failure = as_read_failure(failure, seq=seq)
         log.error("the restore of snapshot seq %s failed while the workload ran: %s; it was "
-                  "stopped, trying the previous snapshot", seq, self._restored.lazy.failure)
+                  "stopped, %s", seq, failure, "exiting" if isinstance(failure, RestoreFailed)
+                  else "trying the previous snapshot")
         self._restored.close()
         self._restored = None
         if seq is not None:
@@ -598,6 +611,8 @@ class Supervisor:
         if self._echo is not None:
             self._echo.stop()
             self._echo = None
+        if isinstance(failure, RestoreFailed):
+            raise failure
         self.restored_from = None
         offsets = self._start_workload()
         if self.settings.echo:

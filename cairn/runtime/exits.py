@@ -9,6 +9,8 @@
 5     fenced: another attempt moved the key's log on
 6     storage error: I/O, network or permission problem
 7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
+8     restoring failed on this side (a library error, a bug, out of memory); no snapshot
+      was skipped: fix the cause, then retry
 75    preempted, a final snapshot was committed (retry to resume; ``EX_TEMPFAIL``)
 76    preempted, no final snapshot (the previous one is kept)
 77    suspended on request (``cairn suspend``); the final snapshot committed, or, logged,
@@ -34,6 +36,7 @@ from cairn.exceptions import (
     Fenced,
     NotFound,
     Preempted,
+    RestoreFailed,
     StoreError,
     Suspended,
 )
@@ -50,6 +53,7 @@ class ExitCode(enum.IntEnum):
     FENCED = 5
     STORAGE = 6
     NOT_READY = 7
+    RESTORE_FAILED = 8
     PREEMPTED_SAVED = 75
     PREEMPTED_KEPT = 76
     SUSPENDED = 77
@@ -62,6 +66,8 @@ _MEANING = {
     ExitCode.USAGE: "usage error",
     ExitCode.STORAGE: "the store is unreachable",
     ExitCode.NOT_READY: "this host cannot run process mode (run `cairn doctor --preflight`)",
+    ExitCode.RESTORE_FAILED: ("restoring failed on this side (a library error, a bug, out of "
+                              "memory); no snapshot was skipped: fix the cause, then retry"),
 }
 
 
@@ -81,6 +87,8 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.USAGE
     if isinstance(error, NotFound):
         return ExitCode.NOT_FOUND
+    if isinstance(error, RestoreFailed):
+        return ExitCode.RESTORE_FAILED
     if isinstance(error, CorruptSnapshot):
         return ExitCode.CORRUPT
     if isinstance(error, Fenced):
@@ -91,17 +99,18 @@ def exit_code_for(error: BaseException) -> ExitCode:
 
 
 def try_exit_code(error: BaseException) -> int | None:
-    """The code a step's container exits with for a preemption (75/76), a suspension (77) or
-    a fence (5), so that its orchestrator can tell them from the step's own errors; None for
-    any other error (which exits as Python does)."""
-    if isinstance(error, (Preempted, Fenced, Suspended)):
+    """The code a step's container exits with for a preemption (75/76), a suspension (77), a
+    fence (5) or a restore that failed on this side (8), so that its orchestrator can tell
+    them from the step's own errors; None for any other error (which exits as Python does)."""
+    if isinstance(error, (Preempted, Fenced, Suspended, RestoreFailed)):
         return int(exit_code_for(error))
     return None
 
 
 def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -> CairnError | None:
     """The cairn error a step's exit ``code`` stands for: :class:`Preempted` for 75/76,
-    :class:`Suspended` for 77, :class:`Fenced` for 5; None for 0 and for every other code (the
+    :class:`Suspended` for 77, :class:`Fenced` for 5, :class:`RestoreFailed` for 8 (which
+    an orchestrator fails without spending a retry); None for 0 and for every other code (the
     step's own failure, or a usage, storage or host error: see :func:`describe_exit`)."""
     if code == ExitCode.SUSPENDED:
         return Suspended(f"{where} was suspended on request (exit {code}); its final snapshot "
@@ -116,6 +125,9 @@ def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -
         whose = f" of {key}" if key is not None else ""
         return Fenced(f"a newer try{whose} took the key over; {where} stopped its workload "
                       f"(exit {code})")
+    if code == ExitCode.RESTORE_FAILED:
+        return RestoreFailed(f"{where} could not restore its snapshot (exit {code}): "
+                             f"{_MEANING[ExitCode.RESTORE_FAILED]} (its log names the cause)")
     return None
 
 

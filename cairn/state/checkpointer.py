@@ -68,6 +68,7 @@ from cairn.exceptions import (
     Fenced,
     Preempted,
     PreemptedExit,
+    RestoreFailed,
     StoreError,
     Suspended,
 )
@@ -98,6 +99,7 @@ from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store
 from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
 from cairn.store.slotlog import RecordKind
+from cairn.store.verdicts import reading, restore_failed_exit
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +163,20 @@ def save_state(store_attempt: Any, tree: dict[str, Any], *, step: int) -> Manife
 
 def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[str, Any]:
     """Read and verify a whole state snapshot (``prefix``: one rank's part, ``rank-<r>/``)
-    into CPU memory. Raises CorruptSnapshot."""
+    into CPU memory. Raises CorruptSnapshot when it does not verify or parse; a failure of the
+    reading itself propagates as it is (see :mod:`cairn.store.verdicts`)."""
     if manifest.mode is not SnapshotMode.STATE:
         raise CorruptSnapshot(f"seq {manifest.seq} is a {manifest.mode.value} snapshot, not "
                               "framework state", seq=manifest.seq)
     reader = store.reader(manifest)
+    if not any(entry.path == prefix + STATE_FILE for entry in manifest.files):
+        raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is missing",
+                              seq=manifest.seq)
+    # Read outside the parsing's except: a library error while reading is no verdict on the
+    # snapshot (cairn.store.verdicts), only what cairn's own parsing refuses is.
+    raw = reader.read_file(prefix + STATE_FILE)
     try:
-        doc = json.loads(reader.read_file(prefix + STATE_FILE))
+        doc = json.loads(raw)
         if doc.get("schema") != STATE_SCHEMA:
             raise CorruptSnapshot(f"state schema {doc.get('schema')!r} is unknown; upgrade cairn",
                                   seq=manifest.seq)
@@ -337,7 +346,10 @@ class Checkpointer:
 
         All or nothing: a snapshot that fails verification is skipped (logged) for the one
         before it; one that does not fit the live objects raises
-        :class:`~cairn.state.capture.StateMismatch` before anything is loaded.
+        :class:`~cairn.state.capture.StateMismatch` before anything is loaded. Reading that
+        fails on this side (a library error, a bug, out of memory; on any rank) skips nothing:
+        it raises :class:`~cairn.exceptions.RestoreFailedExit` (a script that lets it
+        propagate exits 8), logged with its cause.
         """
         if self._attempt is not None:
             raise ConfigError("restore() was already called on this Checkpointer")
@@ -377,13 +389,26 @@ class Checkpointer:
         prefix = f"rank-{self._group.rank}/" if self._group.active else ""
         for info in self._candidates():
             self._check_world_size(info.manifest)
+            tree: dict[str, Any] | None = None
+            failure: RestoreFailed | None = None
             try:
-                tree: dict[str, Any] | None = load_state(self.store, info.manifest, prefix=prefix)
+                with reading(info.seq):  # only a store verdict skips a snapshot
+                    tree = load_state(self.store, info.manifest, prefix=prefix)
             except CorruptSnapshot as e:
                 log.warning("key %s: skipping snapshot seq %d: %s", self.key, info.seq, e)
-                tree = None
-            if not self._group.all_min([tree is not None])[0] or tree is None:
-                continue  # some rank's part did not verify: every rank tries the previous one
+            except RestoreFailed as e:
+                failure = e
+            # One collective for both: 0 a rank failed on its side (every rank stops, none
+            # tries the previous snapshot), 1 a rank's part did not verify (every rank tries
+            # the previous one), 2 every part loaded.
+            verdict = self._group.all_min([2 if tree is not None else int(failure is None)])[0]
+            if verdict == 0:
+                raise restore_failed_exit(failure or RestoreFailed(
+                    f"reading snapshot seq {info.seq} failed on another rank (its log names "
+                    "the cause); no snapshot was skipped and every snapshot stays in place",
+                    seq=info.seq), code=exits.ExitCode.RESTORE_FAILED, logger=log)
+            if verdict == 1 or tree is None:
+                continue
             capture.check_compatible(tree, self._targets)
             capture.apply(tree, self._targets)
             self.extras = dict(tree.get("extras") or {})

@@ -57,11 +57,17 @@ def _live_part_packs(store: Store, path: str, *, now: float, grace: float, repor
                 except (PreconditionFailed, NotFound):
                     pass
             continue
+        # The read stays outside the parsing's except: a library error while reading must
+        # stop the pass, never leave this part's packs unprotected as "unreadable".
         try:
-            doc = json.loads(backend.read(info.name))
-            packs |= manifest_from_json(doc["manifest"]).packs()
+            data = backend.read(info.name)
         except NotFound:
             continue
+        except CorruptSnapshot as e:  # a sealed part that fails authentication
+            report.unreadable_records.append(f"{info.name}: {e}")
+            continue
+        try:
+            packs |= manifest_from_json(json.loads(data)["manifest"]).packs()
         except (ValueError, KeyError, TypeError, CorruptSnapshot) as e:
             report.unreadable_records.append(f"{info.name}: {e}")
     return packs

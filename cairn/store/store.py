@@ -103,6 +103,7 @@ from cairn.store.slotlog import (
     utc_now,
 )
 from cairn.store.url import open_backend
+from cairn.store.verdicts import reading
 from cairn.store.writer import ProgressCallback, SnapshotWriter
 
 log = logging.getLogger(__name__)
@@ -572,14 +573,16 @@ class Store:
         ``deep=False`` checks the manifest and that every pack is present; ``deep=True``
         reads and verifies every chunk. Snapshots whose seq is in ``exclude`` (a resume
         policy's verdict) are passed over. ``None`` when there is none (or the key is done).
+        Only a store verdict skips one: a failure on this side raises RestoreFailed.
         """
         for info in self.snapshots(key):
             if info.seq in exclude:
                 continue
             try:
-                self.check_present(info.manifest)
-                if deep:
-                    self.reader(info.manifest).verify()
+                with reading(info.seq):  # only a verdict skips it (cairn.store.verdicts)
+                    self.check_present(info.manifest)
+                    if deep:
+                        self.reader(info.manifest).verify()
                 return info.manifest
             except CorruptSnapshot as e:
                 log.warning("key %s: skipping snapshot seq %d: %s", key, info.seq, e)
@@ -591,7 +594,9 @@ class Store:
 
         Verification happens inside the restore pass; a snapshot that fails is removed from
         ``dest`` and the previous one is tried. Raises :class:`NoSnapshot` when none verifies,
-        naming a corrupt chunk that every candidate shares.
+        naming a corrupt chunk that every candidate shares, and
+        :class:`~cairn.exceptions.RestoreFailed` (nothing skipped) when reading failed on this
+        side (:mod:`cairn.store.verdicts`).
         """
         candidates = [self.manifest(key, seq)] if seq is not None else \
             [info.manifest for info in self.snapshots(key)]
@@ -601,7 +606,8 @@ class Store:
         bad: dict[str, list[int]] = {}
         for manifest in candidates:
             try:
-                self.reader(manifest).restore_to(dest, progress=progress)
+                with reading(manifest.seq):
+                    self.reader(manifest).restore_to(dest, progress=progress)
                 for skipped_seq, reason in skipped:
                     log.warning("key %s: skipped snapshot seq %d: %s", key, skipped_seq, reason)
                 return RestoreResult(manifest, tuple(skipped))
@@ -844,7 +850,12 @@ class Attempt:
 
     def _read_part(self, name: str) -> tuple[int, Manifest] | None:
         try:
-            doc = json.loads(self.store.backend.read(name))
+            data = self.store.backend.read(name)  # a failure of the read itself is no verdict
+        except CorruptSnapshot as e:  # a sealed part that fails authentication
+            log.warning("key %s: ignoring unreadable part %s: %s", self.key, name, e)
+            return None
+        try:
+            doc = json.loads(data)
             rank, epoch = int(doc["rank"]), int(doc["epoch"])
             if doc.get("schema") != PART_SCHEMA or epoch != self.epoch:
                 log.warning("key %s: ignoring part %s of another attempt", self.key, name)

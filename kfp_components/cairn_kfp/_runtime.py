@@ -67,7 +67,9 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
     ``persist``, ``when_busy``, ``buffers``, ``max_failures``; ``keep_snapshots`` keeps the
     snapshots after success). On success the key is marked done (unless ``keep_snapshots``)
     and the Checkpointer closed; on failure it is closed and the error propagates, so KFP's
-    retry policy reruns the task, which resumes from the last committed snapshot.
+    retry policy reruns the task, which resumes from the last committed snapshot. A restore
+    that failed on this side (:class:`cairn.exceptions.RestoreFailed`: a library error, a bug,
+    out of memory; no snapshot was skipped) ends the container with exit 8, as ``cairn run``.
 
     Every try that opened an attempt (``ckpt.restore``) files its outcome record
     (``succeeded``, ``preempted``, ``fenced`` or ``failed``; best effort, as outcomes are
@@ -140,8 +142,21 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
                   flush=True)
             return tuple(doc["value"]) if doc.get("tuple") else doc["value"]
     this_try.check()  # a crash loop: fail before the function runs again
+
+    def exit_if_restore_failed(error: BaseException) -> None:
+        from cairn.exceptions import RestoreFailed
+        from cairn.runtime.exits import ExitCode
+
+        if isinstance(error, RestoreFailed):  # exit 8, as cairn run: not the step's own error
+            log.error("cairn: %s (exit %d)", error, ExitCode.RESTORE_FAILED)
+            raise SystemExit(int(ExitCode.RESTORE_FAILED)) from error
+
     if ckpt_parameter is None:
-        result = fn(**kwargs)
+        try:
+            result = fn(**kwargs)
+        except Exception as error:
+            exit_if_restore_failed(error)
+            raise
         if result_name is not None:
             from cairn import open_store
 
@@ -170,6 +185,7 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
             log.error("cairn: closing the Checkpointer after %s failed: %s",
                       type(error).__name__, e)
         this_try.ended(error=error, ckpt=ckpt, detail=detail)
+        exit_if_restore_failed(error)
         raise
     try:
         ckpt.close()  # raises if the last snapshot was not committed

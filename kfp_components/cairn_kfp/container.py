@@ -12,7 +12,9 @@ reliably only as whole arguments; so the container's command is a short Python l
 placeholder, builds the key (percent-encoding each component), plans the try with the resume
 policy (:class:`cairn.Try`: a crash loop past ``max_error_retries`` exits before the command
 starts; excluded snapshots become ``--exclude-seqs``) and ``exec``s
-``cairn run --store S --key K --every E --grace G -- CMD...``. With ``CAIRN_KFP_DRY_RUN=1`` it
+``cairn run --store S --key K --every E --grace G -- CMD...``, whose exit code the container
+ends with: 8 when the restore failed on this side (no snapshot skipped), as the launcher's own
+:class:`~cairn.exceptions.RestoreFailed` would. With ``CAIRN_KFP_DRY_RUN=1`` it
 prints that command line as JSON instead.
 """
 
@@ -58,12 +60,17 @@ def _launch(argv: list[str]) -> None:
     except ValueError as e:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
     from cairn import CairnError, ResumePolicy, Try
+    from cairn.exceptions import RestoreFailed
+    from cairn.runtime.exits import ExitCode
     from cairn.tries import run_argv
 
     try:
         this_try = Try.begin(store=store, key=key_text,
                              policy=ResumePolicy(**json.loads(policy_json)))
         this_try.check()
+    except RestoreFailed as e:  # exit 8, as cairn run (which execs next) exits for it
+        print(f"cairn_kfp launcher: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(int(ExitCode.RESTORE_FAILED)) from None
     except (CairnError, TypeError, ValueError) as e:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
     print("cairn: resume plan: " + this_try.reason, file=sys.stderr, flush=True)

@@ -18,7 +18,9 @@ Contract of one try (``execute``):
 - ``execute`` returns the XCom ``cairn`` metadata when the command succeeded (the key is then
   marked done, unless ``keep_snapshots``); exit 75/76 (preempted, final snapshot committed or
   not) raise :class:`cairn.exceptions.Preempted`, exit 5 (a newer try exists) raises
-  :class:`cairn.exceptions.Fenced`, any other non-zero exit an ``AirflowException`` naming it;
+  :class:`cairn.exceptions.Fenced`, exit 8 (restoring failed on the worker's side, no snapshot
+  skipped) ``AirflowFailException`` (no retry is spent on it), any other non-zero exit an
+  ``AirflowException`` naming it;
 - exit 77 (suspended on request, or the key was held suspended when the try started) defers
   the task with a resume trigger instead of failing (no retry used; see
   :mod:`cairn_airflow.suspend`, ``resume_after`` and ``resume_poll``): the supervisor and the
@@ -98,7 +100,9 @@ def _die_with_parent() -> None:
 
 def exit_error(code: int, key: Any) -> Exception:
     """The error a non-zero exit status of ``cairn run`` stands for (see
-    :mod:`cairn.runtime.exits`): Preempted, Fenced, else an ``AirflowException`` naming it."""
+    :mod:`cairn.runtime.exits`): Preempted, Fenced, Suspended, RestoreFailed (which
+    :func:`~cairn_airflow.resume.raise_verdict` turns into ``AirflowFailException``), else an
+    ``AirflowException`` naming it."""
     from airflow.exceptions import AirflowException
 
     from cairn.runtime.exits import describe_exit, error_for_exit

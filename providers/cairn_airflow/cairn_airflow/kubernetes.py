@@ -39,7 +39,8 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
   so the next placement counts it;
 - the base container's exit code 75/76 (``cairn run`` stopped by a preemption, final snapshot
   committed or not) raises :class:`cairn.exceptions.Preempted`, 5 (a newer try took the key
-  over) :class:`cairn.exceptions.Fenced`; a pod ended by the node (shutdown, eviction, a
+  over) :class:`cairn.exceptions.Fenced`, 8 (the restore failed on the pod's side, nothing
+  skipped) ``AirflowFailException``, which spends no retry; a pod ended by the node (shutdown, eviction, a
   ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error;
 - exit 77 of the main container (suspended on request, or the key was held suspended when
   the try started) defers the task with a resume trigger once the pod is cleaned up, instead
@@ -634,7 +635,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
     def cleanup(self, pod: Any, remote_pod: Any, xcom_result: dict | None = None,
                 context: Any = None) -> None:
         """Airflow's cleanup; a failure that cairn's exit codes or the pod status explain is
-        raised as :class:`Preempted` or :class:`Fenced` instead."""
+        raised as :class:`Preempted`, :class:`Fenced` or ``AirflowFailException`` instead."""
         if remote_pod is not None and self.cairn_plan is not None:
             self._record_outcome(remote_pod)
         from airflow.providers.common.compat.sdk import AirflowException
@@ -650,6 +651,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
             mapped = pod_end_error(remote_pod, self.base_container_name)
             plan = self.cairn_plan
             from cairn.exceptions import Suspended
+            from cairn_airflow.resume import refuse_restore_failure
 
             context = context if context is not None else self._cairn_context
             if isinstance(mapped, Suspended) and (plan is not None or context is not None):
@@ -668,6 +670,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
                               delay=self.retry_delay)
             if mapped is None:
                 raise
+            refuse_restore_failure(mapped)  # exit 8: fails without a retry
             raise mapped from e
 
     def _record_outcome(self, remote_pod: Any) -> None:

@@ -22,6 +22,9 @@ Contract of one try (``execute``):
   the task with a resume trigger instead of failing (no retry used; see
   :mod:`cairn_airflow.suspend`, ``resume_after`` and ``resume_poll``); once resumed, the step
   runs again on a worker and continues from the suspend snapshot;
+- a ``restore()`` that fails on the worker's side (:class:`cairn.exceptions.RestoreFailed`: a
+  library error, a bug, out of memory; no snapshot was skipped) fails the task with
+  ``AirflowFailException``, spending no retry on it;
 - ``Preempted`` (and every other error) propagates, so the task fails and Airflow retries it;
   the retry resumes from the last committed snapshot, as the resume policy allows
   (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``; see

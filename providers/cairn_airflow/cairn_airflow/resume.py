@@ -18,6 +18,11 @@ Every cairn operator takes the same four options:
 
 Each try's outcome record (written by the operator or ``cairn run``) is what the next try's
 plan reads, so the verdict survives workers and schedulers.
+
+Whatever the policy, a try whose restore failed on the worker's side
+(:class:`cairn.exceptions.RestoreFailed`: a library error, a bug, out of memory; exit 8 of
+``cairn run`` or of a pod) fails with ``AirflowFailException``: a retry would fail the same
+way, so none is spent on it, and no snapshot was skipped (fix the cause, then clear the task).
 """
 
 from __future__ import annotations
@@ -97,16 +102,30 @@ def is_control_flow(error: BaseException) -> bool:
     return isinstance(error, (AirflowSkipException, AirflowRescheduleException, TaskDeferred))
 
 
+def refuse_restore_failure(error: BaseException) -> None:
+    """``AirflowFailException`` (no retry) when ``error`` is a restore that failed on this
+    side (:class:`~cairn.exceptions.RestoreFailed`; see the module docstring)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from cairn.exceptions import RestoreFailed
+
+    if isinstance(error, RestoreFailed):
+        raise AirflowFailException(f"cairn: {error}. Not retrying: a retry would fail the same "
+                                   "way; fix the cause, then clear the task") from error
+
+
 def raise_verdict(this_try: Try, verdict: AfterTry, error: Exception, *,
                   delay: timedelta | None) -> None:
     """Called with the error a try ended with and the try's verdict
     (:meth:`cairn.Try.ended`), before the error is re-raised: raise what Airflow must see
-    instead when the policy says stop (``AirflowFailException``) or reschedule
-    (``AirflowRescheduleException``); return when the error should simply fail the try."""
+    instead when the restore failed on this side or the policy says stop
+    (``AirflowFailException``) or reschedule (``AirflowRescheduleException``); return when
+    the error should simply fail the try."""
     from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
     from cairn import AfterTry
 
+    refuse_restore_failure(error)
     plan, policy = this_try.plan, this_try.policy
     if verdict is AfterTry.STOP:
         raise AirflowFailException(

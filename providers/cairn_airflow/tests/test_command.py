@@ -12,8 +12,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
-from cairn.exceptions import ConfigError, Fenced, Preempted
+from cairn.exceptions import ConfigError, Fenced, Preempted, RestoreFailed
 from cairn_airflow import command as command_mod
 from cairn_airflow.command import CairnRunOperator
 
@@ -43,7 +44,8 @@ def test_the_command_line_names_store_key_interval_and_grace() -> None:
 
 
 @pytest.mark.parametrize(("code", "error"), [(75, Preempted), (76, Preempted), (5, Fenced),
-                                             (7, Exception), (3, Exception)])
+                                             (7, Exception), (3, Exception),
+                                             (8, AirflowFailException)])
 def test_exit_codes_become_the_documented_errors(code: int, error: type[BaseException],
                                                  tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,6 +59,9 @@ def test_exit_codes_become_the_documented_errors(code: int, error: type[BaseExce
         op.execute(_context(pushed))
     if code == 7:
         assert "cairn doctor" in str(caught.value)
+    if code == 8:  # the restore failed on the worker's side: no retry is spent on it
+        assert isinstance(caught.value.__cause__, RestoreFailed)
+        assert "no snapshot was skipped" in str(caught.value)
     assert [k for k, _ in pushed] == ["cairn"] and pushed[0][1]["exit_code"] == code
 
 

@@ -192,6 +192,42 @@ def test_a_failed_pod_try_resumes_and_keep_snapshots_keeps_them(
                                                             OutcomeKind.SUCCEEDED]
 
 
+def read_failure() -> Any:
+    """The main suite's injection of a reading-side library failure (by its path)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "tests" / "support" / "read_failure.py"
+    spec = importlib.util.spec_from_file_location("cairn_test_read_failure", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_pod_script_whose_restore_fails_on_its_side_exits_8_and_skips_nothing(
+        kubeconfig: str, store_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    op = training_dag(kubeconfig, store_url, keep_snapshots=True).get_task("train")
+    context = context_for(op)
+    base = container(render(op, context, monkeypatch), "base")
+    key = task_key(context)
+    code, _, stderr = run_pod_script(base, tmp_path, CAIRN_TEST_FAIL_AT="4")
+    assert code == 1, stderr
+    with open_store(store_url, create=False) as store:
+        seqs = [s.seq for s in store.snapshots(key)]  # after steps 1 and 3
+
+    helper = read_failure()
+    code, result, stderr = run_pod_script(base, tmp_path,
+                                          **helper.injecting_env(tmp_path / "inject"))
+    assert code == 8 and result is None, stderr  # the operator maps 8 to AirflowFailException
+    assert f"ValueError: {helper.INJECTED}" in stderr and "skipping snapshot" not in stderr
+    with open_store(store_url, create=False) as store:
+        assert [s.seq for s in store.snapshots(key)] == seqs and store.verify(key).ok
+        assert [o.outcome for o in store.outcomes(key)] == [OutcomeKind.FAILED] * 2
+    code, result, stderr = run_pod_script(base, tmp_path)
+    assert code == 0 and result["start"] == 4, stderr
+
+
 @pytest.mark.parametrize(("raise_", "expected"), [
     ("preempted-saved", 75), ("preempted-kept", 76), ("fenced", 5), ("nothing", 0)])
 def test_the_pod_script_exits_with_cairn_runs_codes(raise_: str, expected: int, kubeconfig: str,

@@ -27,7 +27,7 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 
-from cairn.exceptions import ConfigError, Fenced, Preempted
+from cairn.exceptions import ConfigError, Fenced, Preempted, RestoreFailed
 from cairn.policy import CapacityOption, PolicySettings
 from cairn.store import Key, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind
@@ -313,7 +313,8 @@ def ended_pod(*, exit_code: int | None = None, reason: str | None = None,
     (ended_pod(exit_code=143, reason="Error", pod_reason="Terminated"), Preempted),
     (ended_pod(exit_code=137, reason="Error", disruption=True), Preempted),
     (ended_pod(pod_reason="Evicted"), Preempted),
-], ids=["75", "76", "5", "1", "0", "oom", "node-shutdown", "disruption", "evicted"])
+    (ended_pod(exit_code=8, reason="Error"), RestoreFailed),
+], ids=["75", "76", "5", "1", "0", "oom", "node-shutdown", "disruption", "evicted", "8"])
 def test_how_a_finished_pod_maps_to_cairn_errors(pod: k8s.V1Pod, expected: type | None) -> None:
     error = pod_end_error(pod, "base")
     assert (None if error is None else type(error)) is expected
@@ -469,6 +470,17 @@ def test_the_loop_guards_verdict_reaches_the_pod_as_excluded_seqs(kubeconfig: st
     fresh = make_operator(kubeconfig, store_url, loop_guard=False)
     doc = manifest(fresh.build_pod_request_obj(context_for(fresh, try_number=4)))
     assert "CAIRN_EXCLUDE_SEQS" not in {e["name"] for e in container(doc, "base").get("env", [])}
+
+
+@pytest.mark.parametrize("forget_plan", [False, True], ids=["built-here", "built-elsewhere"])
+def test_a_pod_whose_restore_failed_on_its_side_fails_without_a_retry(
+        kubeconfig_for: Any, store_url: str, forget_plan: bool) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="no snapshot was skipped") as raised:
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=8, reason="Error"),
+                      forget_plan=forget_plan)
+    assert isinstance(raised.value.__cause__, RestoreFailed)
 
 
 def test_a_pod_that_fails_past_max_error_retries_stops_the_retries(

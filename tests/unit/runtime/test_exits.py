@@ -16,6 +16,8 @@ from cairn.exceptions import (
     Fenced,
     NoSnapshot,
     Preempted,
+    RestoreFailed,
+    RestoreFailedExit,
     StoreError,
     Suspended,
 )
@@ -36,6 +38,8 @@ from cairn.runtime.exits import (
     (CairnError("x"), ExitCode.INTERNAL), (RuntimeError("x"), ExitCode.INTERNAL),
     (Preempted("x", seq=4), ExitCode.PREEMPTED_SAVED), (Preempted("x"), ExitCode.PREEMPTED_KEPT),
     (Suspended("x", code=ExitCode.SUSPENDED, seq=4), ExitCode.SUSPENDED),
+    (RestoreFailed("x", seq=4), ExitCode.RESTORE_FAILED),
+    (RestoreFailedExit("x", code=ExitCode.RESTORE_FAILED), ExitCode.RESTORE_FAILED),
 ])
 def test_each_error_has_its_code(error: BaseException, code: ExitCode) -> None:
     assert exit_code_for(error) is code
@@ -45,11 +49,13 @@ def test_only_preemptions_and_fences_get_a_try_exit_code() -> None:
     assert try_exit_code(Preempted("x", seq=3)) == 75
     assert try_exit_code(Preempted("x")) == 76
     assert try_exit_code(Fenced("x")) == 5
+    assert try_exit_code(RestoreFailed("x")) == 8
     assert try_exit_code(ValueError("x")) is None
 
 
 @pytest.mark.parametrize("error", [Preempted("x", seq=3), Preempted("x"), Fenced("x"),
-                                   Suspended("x", code=ExitCode.SUSPENDED, seq=3)])
+                                   Suspended("x", code=ExitCode.SUSPENDED, seq=3),
+                                   RestoreFailed("x", seq=3)])
 def test_a_try_exit_code_maps_back_to_its_error(error: CairnError) -> None:
     code = try_exit_code(error)
     assert code is not None
@@ -71,8 +77,18 @@ def test_a_script_that_lets_suspended_propagate_exits_with_its_code() -> None:
     assert isinstance(Suspended("x", code=ExitCode.SUSPENDED), CairnError), "except Exception"
 
 
+def test_a_script_that_lets_restore_failed_exit_propagate_exits_8() -> None:
+    script = ("from cairn.exceptions import RestoreFailedExit\n"
+              "from cairn.runtime.exits import ExitCode\n"
+              "raise RestoreFailedExit('reading failed', code=ExitCode.RESTORE_FAILED, seq=3)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == ExitCode.RESTORE_FAILED == 8
+    assert "no snapshot was skipped" in str(error_for_exit(8, where="the pod"))
+
+
 def test_descriptions_name_the_fix() -> None:
     assert "cairn doctor" in describe_exit(7)
+    assert "no snapshot was skipped" in describe_exit(8)
     assert "128+N" in describe_exit(3)
 
 
