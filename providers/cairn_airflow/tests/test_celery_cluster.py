@@ -32,7 +32,10 @@ import pytest
 from cairn_airflow.local_nodes import WorkerNode, descendants
 from cairn_airflow.local_stack import AirflowStack, Executor
 
-pytestmark = pytest.mark.slow
+# One cluster serves the session: its tests run on one xdist worker (make test: --dist
+# loadgroup). Each node has its own PID namespace, so a process-mode restore there needs no
+# PIDs of the machine's: these tests may run beside others.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("celery-cluster")]
 
 REPO = Path(__file__).resolve().parents[3]
 HEARTBEAT_TIMEOUT_S = 10

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.bench_runs import positive, run_quick
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
 
 
 def test_the_quick_run_reports_every_figure(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.bench_runs import check_adds_up, positive, run_quick
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
 
 FIGURES = ("stall_vs_memcpy", "stall_vs_dcp_best", "restore_vs_torch_load", "frozen90_vs_floor",
            "amortized_slowdown", "first_stall_vs_median")

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.bench_runs import check_adds_up, positive, run_quick
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
 
 SIDES = {"write_serial", "write_parallel", "cairn_write", "read", "cairn_read", "restore",
          "cairn_restore"}

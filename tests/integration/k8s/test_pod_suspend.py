@@ -20,6 +20,8 @@ from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
 
+pytestmark = pytest.mark.exclusive  # CRIU restores at fixed PIDs: nothing may run beside it
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,

@@ -16,7 +16,7 @@ import pytest
 from cairn.process.staging import memory_headroom_bytes
 from tests.support.cairn_run import can_run_criu
 
-pytestmark = [
+pytestmark = [pytest.mark.exclusive, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]
