@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu fakecuda setup constraints test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
+.PHONY: all venv criu fakecuda setup constraints isolated test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
 
 all: test
 
@@ -154,18 +154,22 @@ constraints:
 	esac || exit 1; done
 
 ## make test: create every environment (the installers one at a time, the environments beside
-## them), then run every suite in two phases (ADR 0038): first every test that may run beside
-## others, the five suites at once and each spread over pytest-xdist workers; then the tests
-## marked `exclusive` (CRIU restores at fixed PIDs, a dropped page cache, real SLURM daemons),
-## one at a time with nothing beside them. Both phases run to the end; either failing fails.
-SETUP := $(STAMP) $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) \
-	$(CLUSTER_STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
+## them), then run every suite (ADR 0038). First, at once: every suite's ordinary tests, each
+## suite spread over pytest-xdist workers, and beside them the tests marked `isolated` (CRIU
+## restores at fixed PIDs, /dev/shm counts, SLURM daemons), one at a time in a PID namespace,
+## mount namespace and /dev/shm of their own (scripts/isolated.sh). Then the tests marked
+## `exclusive` (they drop the page cache), one at a time with nothing beside them. Every part
+## runs to the end; any failing fails the run.
+# The Debian packages, CRIU and the fake driver; each part of the run waits for these and for its
+# own environment only, so a suite starts as soon as its environment is ready.
+SYSTEM := $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP)
+ENVS_BUILT := $(STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
 SUITES := main airflow kfp newest lowest
-# pytest-xdist workers per suite in the first phase (2 cores: the tests mostly wait on servers,
-# daemons and subprocesses)
-WORKERS_main ?= 3
-WORKERS_airflow ?= 3
-WORKERS_kfp ?= 2
+# pytest-xdist workers per suite for the ordinary tests. Five suites run at once on 2 cores:
+# more workers than this only add each worker's own servers and imports to the load.
+WORKERS_main ?= 2
+WORKERS_airflow ?= 2
+WORKERS_kfp ?= 1
 WORKERS_newest ?= 2
 WORKERS_lowest ?= 2
 # How xdist deals tests out: worksteal balances best; the Airflow suite keeps each of its shared
@@ -175,40 +179,66 @@ DIST_airflow := loadgroup
 DIST_kfp     := worksteal
 DIST_newest  := worksteal
 DIST_lowest  := worksteal
-# Each suite: its interpreter, the folder it runs from and its test paths.
-RUN_main    := $(PY) -m pytest
-RUN_airflow := cd providers/cairn_airflow && ../../$(AF_PY) -m pytest
-RUN_kfp     := cd kfp_components && ../$(KFP_PY) -m pytest
-RUN_newest  := $(NEWEST_VENV)/bin/python -m pytest $(RANGE_TESTS)
-RUN_lowest  := $(LOWEST_VENV)/bin/python -m pytest $(RANGE_TESTS)
+# Each suite: the folder it runs from, its interpreter and its test paths.
+DIR_main    := .
+DIR_airflow := providers/cairn_airflow
+DIR_kfp     := kfp_components
+DIR_newest  := .
+DIR_lowest  := .
+PY_main     := $(CURDIR)/$(PY)
+PY_airflow  := $(CURDIR)/$(AF_PY)
+PY_kfp      := $(CURDIR)/$(KFP_PY)
+PY_newest   := $(CURDIR)/$(NEWEST_VENV)/bin/python
+PY_lowest   := $(CURDIR)/$(LOWEST_VENV)/bin/python
+PATHS_newest := $(RANGE_TESTS)
+PATHS_lowest := $(RANGE_TESTS)
 
-setup: $(SETUP)
+setup: $(SYSTEM) $(ENVS_BUILT)
+
+side-by-side-main: $(STAMP) $(SYSTEM)
+side-by-side-airflow: $(AF_STAMP) $(SYSTEM)
+side-by-side-kfp: $(KFP_STAMP) $(SYSTEM)
+side-by-side-newest: $(NEWEST_STAMP) $(SYSTEM)
+side-by-side-lowest: $(LOWEST_STAMP) $(SYSTEM)
+isolated: $(SYSTEM) $(ENVS_BUILT)
 
 test:
-	@$(MAKE) --no-print-directory -j4 setup
 	@status=0; \
-	$(MAKE) --no-print-directory -k -j5 --output-sync=target $(SUITES:%=side-by-side-%) || status=1; \
+	$(MAKE) --no-print-directory -k -j8 --output-sync=target $(SUITES:%=side-by-side-%) isolated \
+		|| status=1; \
 	$(MAKE) --no-print-directory -k $(SUITES:%=alone-%) || status=1; \
 	exit $$status
 
 side-by-side-%:
-	@echo "==> $* suite: the tests that run side by side ($(WORKERS_$*) workers)"
-	$(RUN_$*) -m "not exclusive" -n $(WORKERS_$*) --dist $(DIST_$*) $(PYTEST_ARGS)
+	@echo "==> $* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*)"
+	cd $(DIR_$*) && $(PY_$*) -m pytest $(PATHS_$*) -m "not isolated and not exclusive" \
+		-n $(WORKERS_$*) --dist $(DIST_$*) $(PYTEST_ARGS)
 
-# pytest exits 5 when the marker selects nothing: that suite has no exclusive test.
+# Every suite's isolated tests, one suite and one test after another: never two beside each
+# other. pytest exits 5 when the marker selects nothing: that suite has none.
+isolated:
+	@status=0; for suite in $(SUITES); do \
+		$(MAKE) --no-print-directory isolated-$$suite || status=1; done; exit $$status
+
+isolated-%:
+	@echo "==> $* suite: the isolated tests, one at a time in namespaces of their own"
+	cd $(DIR_$*) && $(CURDIR)/scripts/isolated.sh $(PY_$*) -m pytest $(PATHS_$*) -m isolated \
+		$(PYTEST_ARGS) || [ $$? -eq 5 ]
+
 alone-%:
-	@echo "==> $* suite: the exclusive tests, one at a time"
-	$(RUN_$*) -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@echo "==> $* suite: the exclusive tests, one at a time, alone"
+	cd $(DIR_$*) && $(PY_$*) -m pytest $(PATHS_$*) -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
-## make test-kfp, test-airflow, test-range: one suite (or the two range environments), both phases
+## make test-kfp, test-airflow, test-range: one suite (or the two range environments), every part
 test-kfp: $(KFP_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-kfp alone-kfp
+	@$(MAKE) --no-print-directory side-by-side-kfp isolated-kfp alone-kfp
 
 test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-airflow alone-airflow
+	@$(MAKE) --no-print-directory side-by-side-airflow isolated-airflow alone-airflow
 
 test-range: $(NEWEST_STAMP) $(LOWEST_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest alone-newest alone-lowest
+	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest isolated-newest \
+		isolated-lowest alone-newest alone-lowest
 
 ## make test-fast: skip the tests marked slow
 test-fast: $(STAMP) $(FAKECUDA)

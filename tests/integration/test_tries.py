@@ -62,7 +62,7 @@ def test_outcomes_are_recorded_once_per_epoch_and_the_verdicts_follow_the_policy
         third.check()
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 def test_excluded_snapshots_reach_the_checkpointer_and_cairn_run(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     policy = ResumePolicy(resume_on="preemption")

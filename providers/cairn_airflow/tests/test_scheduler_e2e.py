@@ -205,7 +205,7 @@ needs_criu = pytest.mark.skipif(
     reason="process mode needs root and CRIU (make criu)")
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @needs_criu
 def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
                                                         tmp_path: Path) -> None:
@@ -258,7 +258,7 @@ def _process_training_past_300_steps(stack: AirflowStack, progress: Path,
     return run_id, (dag_id, "train", run_id, "-1")
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @needs_criu
 def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retry(
         stack: AirflowStack, tmp_path: Path) -> None:
@@ -293,7 +293,7 @@ def test_sigterm_to_a_process_mode_task_snapshots_and_reschedules_without_a_retr
     assert f"resuming from seq {final}" in meta["resume_plan"]
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @needs_criu
 def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
         stack: AirflowStack, tmp_path: Path) -> None:
@@ -398,7 +398,7 @@ def test_a_suspended_cooperative_task_defers_and_resumes_where_it_stopped(
     assert result["start_step"] > 0 and meta["try_number"] == 1 and meta["done"] is True
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @needs_criu
 def test_a_suspended_process_mode_task_defers_and_its_process_is_restored(
         stack: AirflowStack, tmp_path: Path) -> None:

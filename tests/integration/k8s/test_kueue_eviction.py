@@ -103,7 +103,7 @@ def _outcome(tmp_path: Path, key: str) -> object:
         return store.outcomes(Key.parse(key))[-1]
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
 def test_a_kueue_eviction_ends_suspended_and_the_readmitted_pod_resumes(
@@ -138,7 +138,7 @@ def test_a_kueue_eviction_ends_suspended_and_the_readmitted_pod_resumes(
         assert sidecar.stop() == 0, sidecar.stderr
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
 @pytest.mark.parametrize("case", ["drain", "forbidden"])

@@ -20,7 +20,7 @@ from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
 
-pytestmark = pytest.mark.exclusive  # CRIU restores at fixed PIDs: nothing may run beside it
+pytestmark = pytest.mark.isolated  # CRIU restores at fixed PIDs (make test: in a PID namespace of its own)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -142,7 +142,7 @@ def test_sidecar_refuses_a_missing_shared_directory(tmp_path: Path) -> None:
     assert "is not a directory: mount the pod's shared volume" in result.stderr
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
 def test_preemption_notice_ends_in_a_committed_final_snapshot_and_a_resume(
@@ -196,7 +196,7 @@ def test_preemption_notice_ends_in_a_committed_final_snapshot_and_a_resume(
     os.listdir(shared)  # the shared directory outlives both, as an emptyDir does
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
 def test_a_notice_past_its_deadline_keeps_the_previous_snapshot(tmp_path: Path) -> None:

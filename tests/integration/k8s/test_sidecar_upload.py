@@ -49,7 +49,7 @@ def _no_spool_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "CAIRN_SPOOL_DIR"}
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @needs_criu
 def test_the_sidecar_uploads_periodic_and_final_snapshots_and_the_retry_resumes(
@@ -121,7 +121,7 @@ def test_the_sidecar_uploads_periodic_and_final_snapshots_and_the_retry_resumes(
         assert sidecar.stop() == 0, sidecar.stderr
 
 
-@pytest.mark.exclusive  # CRIU restores at fixed PIDs
+@pytest.mark.isolated  # CRIU restores at fixed PIDs
 @pytest.mark.slow
 @needs_criu
 def test_on_success_pending_entries_are_cancelled_and_done_ends_the_log(tmp_path: Path) -> None:

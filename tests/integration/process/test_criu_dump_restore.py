@@ -17,7 +17,7 @@ import pytest
 from cairn.process import Status, find_criu, run_doctor
 from tests.support.cairn_run import gone, wait_for
 
-pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
+pytestmark = [pytest.mark.isolated, pytest.mark.slow]
 
 CHILD = Path(__file__).with_name("counter_child.py")
 CRIU = find_criu()

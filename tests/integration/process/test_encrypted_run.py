@@ -16,7 +16,7 @@ from cairn.store.keyring import load_secret_file
 from cairn.process.criu import has_feature
 from tests.support.cairn_run import CRIU, CairnRun, can_run_criu, gone, metric_steps, wait_for
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "gpu_bundle.sh"
 CRIU = os.environ.get("CAIRN_CRIU") or shutil.which("criu") or "/usr/local/sbin/criu"
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not os.access(CRIU, os.X_OK), reason="needs a criu binary (make criu)"),
 ]

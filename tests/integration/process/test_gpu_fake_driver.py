@@ -24,7 +24,7 @@ STEPS = 300
 MOVES = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
          "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock")
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

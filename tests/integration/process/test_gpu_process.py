@@ -29,7 +29,7 @@ def _gpu_ready() -> bool:
         return False
 
 
-pytestmark = [pytest.mark.exclusive, pytest.mark.slow,
+pytestmark = [pytest.mark.isolated, pytest.mark.slow,
               pytest.mark.skipif(not _gpu_ready(), reason="needs an NVIDIA GPU, driver >= 570, "
                                  "torch with CUDA, root and criu")]
 

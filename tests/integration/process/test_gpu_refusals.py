@@ -24,7 +24,7 @@ from tests.support.fakecuda import GIB, UUID_A, FakeDriver, Gpu, fake_library
 WORKLOAD = Path(__file__).resolve().parents[2] / "support" / "fake_gpu_sharing_workload.py"
 FIX = "use state mode (cairn.Checkpointer; multi-GPU or multi-process jobs under torchrun"
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

@@ -24,7 +24,7 @@ from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, \
     kill_after_commits, metric_steps, wait_for
 from tests.support.tamper import flip_byte
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
     pytest.mark.skipif(CRIU is None or not criu_mod.has_feature(CRIU, "uffd-noncoop"),

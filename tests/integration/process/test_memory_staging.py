@@ -20,7 +20,7 @@ from cairn.runtime.env import CRIU as CRIU_VAR
 from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, gone, metric_steps, \
     wait_for
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

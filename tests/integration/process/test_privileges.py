@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
+pytestmark = [pytest.mark.isolated, pytest.mark.slow]
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "criu_capabilities.py"
 

@@ -19,7 +19,7 @@ from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, kill_
 from tests.support.read_failure import INJECTED, injecting_env
 
 pytestmark = [
-    pytest.mark.exclusive,  # CRIU restores at fixed PIDs
+    pytest.mark.isolated,  # CRIU restores at fixed PIDs
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

@@ -15,7 +15,7 @@ from cairn.runtime.exits import ExitCode
 from tests.support.cairn_run import can_run_criu
 from tests.support.stopped_gcs import EMULATOR, stopped_gcs_store
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.gcs,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

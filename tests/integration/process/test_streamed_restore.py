@@ -18,7 +18,7 @@ from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, kill_after_
     metric_steps
 from tests.support.tamper import flip_byte
 
-pytestmark = [pytest.mark.exclusive, 
+pytestmark = [pytest.mark.isolated, 
     pytest.mark.slow,
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]

@@ -23,7 +23,7 @@ from cairn.process import snapshot as snap_mod
 from cairn.process.snapshot import TRACK_ROOTS_ENV, check_tracked, track_roots
 from cairn.store import Key, SnapshotMode, Store
 
-pytestmark = pytest.mark.exclusive  # CRIU restores at fixed PIDs: nothing may run beside it
+pytestmark = pytest.mark.isolated  # CRIU restores at fixed PIDs (make test: in a PID namespace of its own)
 
 KEY = Key.parse("dag/train/run-1/0")
 

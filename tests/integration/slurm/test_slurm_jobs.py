@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 VENV_BIN = Path(sys.executable).parent
 
-pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
+pytestmark = [pytest.mark.isolated, pytest.mark.slow]
 needs_criu = pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
 
 
