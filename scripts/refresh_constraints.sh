@@ -23,8 +23,8 @@ trap 'rm -rf "$tmp"' EXIT
 echo "refresh_constraints: resolving $env_name ($out) in $tmp" >&2
 "$python" -m venv "$tmp/venv"
 pip=("$tmp/venv/bin/python" -m pip)
-"${pip[@]}" install --quiet "$torch_pin"
-"${pip[@]}" install --quiet "$@"
+"${pip[@]}" install --quiet --no-compile "$torch_pin"
+"${pip[@]}" install --quiet --no-compile "$@"
 "${pip[@]}" check
 py_version=$("$tmp/venv/bin/python" -c 'import platform; print(platform.python_version())')
 {

@@ -15,7 +15,8 @@ from tests.support.cairn_run import can_run_criu
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu_check.py"
 
-pytestmark = [pytest.mark.isolated, pytest.mark.slow]
+# Its phases run benches against time boxes: it needs the whole machine.
+pytestmark = [pytest.mark.exclusive, pytest.mark.slow]
 
 
 def test_the_check_reports_each_phase_and_ends_with_one_json_line(tmp_path: Path) -> None:
