@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv criu fakecuda setup constraints test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
+.PHONY: newest-venv all venv criu fakecuda setup constraints test test-fast test-airflow test-kfp test-range demo demo-ui demo-cluster demo-store bench clean
 
 all: test
 
@@ -120,14 +120,27 @@ NEWEST_STAMP := $(NEWEST_VENV)/.installed
 LOWEST_VENV  := .venv-lowest
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
 LOWEST_PINS  := .cache/lowest-constraints.txt
-$(NEWEST_STAMP): pyproject.toml
+# When the newest releases are exactly what constraints.txt pins (scripts/newest_resolution.py
+# asks pip, installing nothing), the main suite, a superset of RANGE_TESTS, already runs on the
+# newest end: .venv-newest then holds only the marker SAME_AS_MAIN and its parts say so and pass.
+SAME_AS_MAIN := $(NEWEST_VENV)/same-as-main
+$(NEWEST_STAMP): pyproject.toml constraints.txt scripts/newest_resolution.py
+	rm -rf $(NEWEST_VENV)
+	@if $(PYTHON) scripts/newest_resolution.py --constraints constraints.txt --pin '$(TORCH)' \
+		-- $(MAIN_REQS); then \
+		mkdir -p $(NEWEST_VENV) && echo constraints.txt > $(SAME_AS_MAIN) && touch $@; \
+	else \
+		[ $$? -eq 1 ] || exit 1; \
+		$(MAKE) --no-print-directory newest-venv && touch $@; \
+	fi
+
+newest-venv:
 	$(PYTHON) -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-compile '$(TORCH)'
 	echo '$(TORCH)' > $(NEWEST_VENV)/torch-pin.txt
 	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-compile --upgrade --upgrade-strategy eager \
 		-c $(NEWEST_VENV)/torch-pin.txt $(MAIN_REQS)
 	$(NEWEST_VENV)/bin/python -m pip check
-	touch $@
 
 $(LOWEST_PINS): pyproject.toml scripts/lowest_constraints.py
 	mkdir -p $(@D)
@@ -156,19 +169,25 @@ constraints:
 	esac || exit 1; done
 
 ## make test: create every environment (the installers one at a time, the environments beside
-## them), then run every suite (ADR 0038) in four lanes at once, each part starting as soon as
-## what it needs is ready: the main suite then the KFP suite; the lowest then the newest range
+## them), then run every suite (ADR 0038) in four lanes at once, each starting as soon as what it
+## needs is ready: the main suite then the KFP suite; the lowest then the newest range
 ## environment; the Airflow suite; and the tests marked `isolated` (CRIU restores at fixed PIDs,
 ## /dev/shm counts, SLURM daemons), one at a time in a PID namespace, mount namespace and
 ## /dev/shm of their own (scripts/isolated.sh). Each suite's ordinary tests spread over
-## pytest-xdist workers. Four lanes keep 2 cores busy without burying the tests that wait on
-## heartbeats and time budgets (five suites at once ran at load 20 and failed those). Then the
+## pytest-xdist workers. The isolated lane is one long chain, the run's critical path, and its
+## tests wait on snapshots taken in time: it runs at normal priority, the Airflow lane (heartbeats,
+## Celery) at nice 4 and the other two at nice 10, so they take what CPU it leaves. Then the
 ## tests marked `exclusive` (they drop the page cache, or time benches), one at a time with
-## nothing beside them. Every part runs to the end; any failing fails the run.
+## nothing beside them. Every part runs to the end and prints when it started and how long it
+## took (scripts/timed_part.sh); any failing fails the run.
 # The Debian packages, CRIU and the fake driver, built before any lane starts.
 SYSTEM := $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP)
 ENVS_BUILT := $(STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
 SUITES := main airflow kfp newest lowest
+# The suites that have tests marked isolated, and exclusive (tests/unit/test_makefile.py checks
+# these lists against the markers in each suite's tests).
+ISOLATED_SUITES  := main airflow
+EXCLUSIVE_SUITES := main
 # pytest-xdist workers per suite for its ordinary tests
 WORKERS_main ?= 2
 WORKERS_airflow ?= 2
@@ -195,15 +214,24 @@ PY_newest   := $(CURDIR)/$(NEWEST_VENV)/bin/python
 PY_lowest   := $(CURDIR)/$(LOWEST_VENV)/bin/python
 PATHS_newest := $(RANGE_TESTS)
 PATHS_lowest := $(RANGE_TESTS)
-# The lanes: what each runs, one part after the other, and what it needs built first.
+# A suite's ordinary tests pass without running when this file exists (see SAME_AS_MAIN).
+SKIP_IF_newest := $(SAME_AS_MAIN)
+# The slowest tests of each part, in its output: where the next minutes of CI are.
+DURATIONS := --durations=12 --durations-min=10
+# The lanes: what each runs, one part after the other, what it needs built first and its
+# niceness.
 LANE_main     := side-by-side-main side-by-side-kfp
 LANE_range    := side-by-side-lowest side-by-side-newest
 LANE_airflow  := side-by-side-airflow
-LANE_isolated := $(SUITES:%=isolated-%)
+LANE_isolated := $(ISOLATED_SUITES:%=isolated-%)
+NICE_main     := 10
+NICE_range    := 10
+NICE_airflow  := 4
+NICE_isolated := 0
 lane-main: $(STAMP) $(KFP_STAMP) $(SYSTEM)
 lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(SYSTEM)
 lane-airflow: $(AF_STAMP) $(SYSTEM)
-lane-isolated: $(ENVS_BUILT) $(SYSTEM)
+lane-isolated: $(STAMP) $(AF_STAMP) $(SYSTEM)
 
 setup: $(SYSTEM) $(ENVS_BUILT)
 
@@ -211,40 +239,41 @@ test:
 	@status=0; \
 	$(MAKE) --no-print-directory -k -j6 --output-sync=target lane-main lane-range lane-airflow \
 		lane-isolated || status=1; \
-	$(MAKE) --no-print-directory -k $(SUITES:%=alone-%) || status=1; \
+	$(MAKE) --no-print-directory -k $(EXCLUSIVE_SUITES:%=alone-%) || status=1; \
 	exit $$status
 
 # A lane's parts one after the other, each to its end (what they need is built: no sub-make
 # below builds anything, so two lanes never run an installer at once).
 lane-%:
 	@status=0; for part in $(LANE_$*); do \
-		$(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+		nice -n $(NICE_$*) $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 side-by-side-%:
-	@echo "==> $* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*)"
-	cd $(DIR_$*) && $(PY_$*) -m pytest $(PATHS_$*) -m "not isolated and not exclusive" \
-		-n $(WORKERS_$*) --dist $(DIST_$*) $(PYTEST_ARGS)
+	@if [ -n "$(SKIP_IF_$*)" ] && [ -e "$(SKIP_IF_$*)" ]; then \
+		echo "==> $* suite: its versions are exactly $$(cat $(SKIP_IF_$*)), which the main suite ran"; \
+		exit 0; fi; \
+	scripts/timed_part.sh "$* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*)" \
+		$(DIR_$*) $(PY_$*) -m pytest $(PATHS_$*) -m "not isolated and not exclusive" \
+		-n $(WORKERS_$*) --dist $(DIST_$*) $(DURATIONS) $(PYTEST_ARGS)
 
-# pytest exits 5 when the marker selects nothing: that suite has none.
 isolated-%:
-	@echo "==> $* suite: the isolated tests, one at a time in namespaces of their own"
-	cd $(DIR_$*) && $(CURDIR)/scripts/isolated.sh $(PY_$*) -m pytest $(PATHS_$*) -m isolated \
-		$(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@scripts/timed_part.sh "$* suite: the isolated tests, one at a time in namespaces of their own" \
+		$(DIR_$*) $(CURDIR)/scripts/isolated.sh $(PY_$*) -m pytest $(PATHS_$*) -m isolated \
+		$(DURATIONS) $(PYTEST_ARGS)
 
 alone-%:
-	@echo "==> $* suite: the exclusive tests, one at a time, alone"
-	cd $(DIR_$*) && $(PY_$*) -m pytest $(PATHS_$*) -m exclusive $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@scripts/timed_part.sh "$* suite: the exclusive tests, one at a time, alone" \
+		$(DIR_$*) $(PY_$*) -m pytest $(PATHS_$*) -m exclusive $(DURATIONS) $(PYTEST_ARGS)
 
 ## make test-kfp, test-airflow, test-range: one suite (or the two range environments), every part
 test-kfp: $(KFP_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-kfp isolated-kfp alone-kfp
+	@$(MAKE) --no-print-directory side-by-side-kfp
 
 test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-airflow isolated-airflow alone-airflow
+	@$(MAKE) --no-print-directory side-by-side-airflow isolated-airflow
 
 test-range: $(NEWEST_STAMP) $(LOWEST_STAMP)
-	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest isolated-newest \
-		isolated-lowest alone-newest alone-lowest
+	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest
 
 ## make test-fast: skip the tests marked slow
 test-fast: $(STAMP) $(FAKECUDA)

@@ -166,6 +166,14 @@ def _snapshots(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
         return []
 
 
+def _newest_seq(cluster: Cluster, key: tuple[str, ...]) -> int:  # noqa: ANN001
+    """The newest committed snapshot's seq, 0 when none. Waits compare seqs, not counts: the
+    store keeps the newest three, so their count stops growing. A dump under way when a wait
+    begins may have frozen the script before the point waited for and commits first (dumps go
+    one at a time): the seq after the next one was taken after that point."""
+    return max((info.seq for info in _snapshots(cluster, key)), default=0)
+
+
 def _history(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
     from cairn.store import Key
 
@@ -275,16 +283,16 @@ def test_a_lost_node_s_cooperative_step_resumes_on_the_other_node(two_nodes: Clu
 def test_a_lost_node_s_process_mode_step_is_restored_on_the_other_node(
         two_nodes: Cluster) -> None:
     cluster, stack = two_nodes, two_nodes.stack
-    dag_id, steps, every_s = "cairn_process_training", 2000, 3.0
+    dag_id, steps, every_s = "cairn_process_training", 3000, 3.0
     progress = cluster.observe / f"proc-loss-{uuid.uuid4().hex[:6]}.log"
     run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": f"{every_s:g}s",
                                     "progress_log": str(progress)})
     key = (dag_id, "train", run_id, "-1")
     # The first dumps may catch the script still importing torch: lose the node once it has
-    # trained a while and a snapshot was committed after that.
+    # trained a while and a snapshot was taken after that (see _newest_seq).
     _wait_steps(cluster, progress, 300)
-    taken = max(1, len(_snapshots(cluster, key)))
-    stack.wait_for(lambda: len(_snapshots(cluster, key)) > taken,
+    newest_seq = _newest_seq(cluster, key)
+    stack.wait_for(lambda: _newest_seq(cluster, key) > newest_seq + 1,
                    what="a second process snapshot, taken after step 300", timeout=180)
     lost, other, lost_at = _lose_node(cluster, dag_id, run_id)
     # How far apart the first try's snapshots really were: the interval plus each dump's
@@ -692,8 +700,8 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
                                for i in _snapshots(cluster, coop_key)),
                    what="a cooperative snapshot past the second interval", timeout=240)
     _wait_steps(cluster, proc_log, 300)
-    taken = max(1, len(_snapshots(cluster, proc_key)))
-    stack.wait_for(lambda: len(_snapshots(cluster, proc_key)) > taken,
+    newest_seq = _newest_seq(cluster, proc_key)
+    stack.wait_for(lambda: _newest_seq(cluster, proc_key) > newest_seq + 1,
                    what="a process snapshot taken after step 300", timeout=180)
     tis = {coop: _running_ti(cluster, coop, coop_run), proc: _running_ti(cluster, proc, proc_run)}
     assert all(t["try_number"] == 1 for t in tis.values()), tis

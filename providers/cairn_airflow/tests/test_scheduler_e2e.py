@@ -86,6 +86,11 @@ def _snapshots(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
         return s.snapshots(Key(key))
 
 
+def _newest_seq(store: Path, key: tuple[str, ...]) -> int:
+    """The seq of the newest committed snapshot of ``key``, 0 when there is none."""
+    return max((info.seq for info in _snapshots(store, key)), default=0)
+
+
 def _kill_task_process(stack: AirflowStack, dag_id: str, run_id: str) -> int:
     ti = stack.task_instance(dag_id, run_id, "train")
     assert ti["state"] == "running" and ti["pid"], ti
@@ -211,16 +216,18 @@ def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
                                                         tmp_path: Path) -> None:
     dag_id, every_s = "cairn_process_training", 3.0
     progress = tmp_path / "progress.log"
-    steps = 2500
+    steps = 3000
     run_id = stack.trigger(dag_id, {"steps": steps, "step_seconds": 0.01, "every": f"{every_s:g}s",
                                     "progress_log": str(progress)})
     key = (dag_id, "train", run_id, "-1")
     # The first dumps may catch the script still importing torch: kill once it has trained a
-    # while and a snapshot was committed after that.
+    # while and a snapshot was taken after that. A dump under way at step 300 may have frozen
+    # the script before it and commits first (dumps go one at a time): wait for the one after.
+    # By seq: the store keeps the newest three, so their count stops growing.
     stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
                    what="300 steps", timeout=300)
-    taken = len(_snapshots(stack.store, key))
-    stack.wait_for(lambda: len(_snapshots(stack.store, key)) > taken,
+    newest_seq = _newest_seq(stack.store, key)
+    stack.wait_for(lambda: _newest_seq(stack.store, key) > newest_seq + 1,
                    what="a process snapshot taken after step 300", timeout=180)
     _kill_task_process(stack, dag_id, run_id)
     first_life_ended = _first_life_ended(stack, progress)
@@ -243,7 +250,7 @@ def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
     assert meta["exit_code"] == 0 and meta["done"] is True and meta["try_number"] == 2
     assert len(meta["epochs"]) >= 2
     log = stack.task_log(dag_id, run_id, "train", 2)
-    assert "done: 2500 steps" in log, log[-2000:]
+    assert f"done: {steps} steps" in log, log[-2000:]
 
 
 def _process_training_past_300_steps(stack: AirflowStack, progress: Path,

@@ -1,0 +1,83 @@
+"""`make test`'s layout (ADR 0038) stays true to the tests it runs, and the newest end of the
+dependency range is compared with constraints.txt the way scripts/newest_resolution.py says."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_MARK = {name: re.compile(rf"mark\.{name}\b|pytestmark\s*=.*\b{name}\b") for name in ("isolated", "exclusive")}
+
+
+def _make_variables() -> dict[str, str]:
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"^([A-Za-z_]+)\s*:?=\s*(.*)$", text, re.MULTILINE)}
+
+
+def _suite_test_files(variables: dict[str, str], suite: str) -> list[Path]:
+    folder = ROOT / variables[f"DIR_{suite}"]
+    paths = variables.get(f"PATHS_{suite}", "tests").replace("$(RANGE_TESTS)", variables["RANGE_TESTS"])
+    return [file for path in paths.split() for file in sorted((folder / path).rglob("test_*.py"))]
+
+
+@pytest.mark.parametrize("marker, listed_in", [("isolated", "ISOLATED_SUITES"),
+                                               ("exclusive", "EXCLUSIVE_SUITES")])
+def test_the_suites_listed_for_a_marker_are_those_whose_tests_use_it(marker: str, listed_in: str) -> None:
+    variables = _make_variables()
+    using = {suite for suite in variables["SUITES"].split()
+             if any(_MARK[marker].search(f.read_text()) for f in _suite_test_files(variables, suite))}
+    assert using, f"no suite has a test marked {marker}: the search is broken"
+    assert set(variables[listed_in].split()) == using, \
+        f"Makefile {listed_in} must name the suites with tests marked {marker}: {sorted(using)}"
+
+
+def _newest_resolution():  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location("newest_resolution", ROOT / "scripts" / "newest_resolution.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _report(*items: tuple[str, str], editable: str | None = None) -> dict:
+    install = [{"metadata": {"name": name, "version": version}, "is_direct": False,
+                "download_info": {"url": f"file:///wheels/{name}.whl", "archive_info": {}}}
+               for name, version in items]
+    if editable:
+        install.append({"metadata": {"name": editable, "version": "0.1.0.dev0"}, "is_direct": True,
+                        "download_info": {"url": "file:///work", "dir_info": {"editable": True}}})
+    return {"install": install}
+
+
+def test_the_newest_resolution_matches_pins_by_canonical_name_less_what_constraints_leave_out(
+        tmp_path: Path) -> None:
+    nr = _newest_resolution()
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("# written by make constraints\nPyYAML==6.0.4\ntyping_extensions==4.15.0\n")
+    report = _report(("pyyaml", "6.0.4"), ("typing-extensions", "4.15.0"), ("torch", "2.13.0+cpu"),
+                     ("setuptools", "84.2.1"), editable="cairn-resume")
+    assert nr.differences(nr.resolved_from_report(report), nr.read_pins(pins)) == []
+
+
+def test_a_newer_release_or_a_package_on_one_side_only_is_a_difference(tmp_path: Path) -> None:
+    nr = _newest_resolution()
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("pyyaml==6.0.3\nold-dependency==1.0\n")
+    resolved = nr.resolved_from_report(_report(("PyYAML", "6.0.4"), ("new-dependency", "2.0")))
+    assert nr.differences(resolved, nr.read_pins(pins)) == [
+        "new-dependency: newest 2.0, constraints (not pinned)",
+        "old-dependency: newest (not needed), constraints 1.0",
+        "pyyaml: newest 6.0.4, constraints 6.0.3",
+    ]
+
+
+def test_a_constraints_line_that_is_not_an_exact_pin_is_refused(tmp_path: Path) -> None:
+    nr = _newest_resolution()
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("pyyaml>=6\n")
+    with pytest.raises(SystemExit, match=r"constraints.txt:1: expected NAME==VERSION"):
+        nr.read_pins(pins)
