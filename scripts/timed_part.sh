@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run one part of `make test` in a folder, framed by the time it started and how long it took,
-# so that a CI log shows where its minutes went:
+# Run one part of `make test` in a folder, framed by the time it started, how long it took and
+# the CPU time it and everything it started used, so that a CI log shows where its minutes went
+# (on 2 cores the run's length is mostly the sum of the parts' CPU time over 2):
 #
 #   scripts/timed_part.sh LABEL DIR COMMAND [ARG...]
 #
@@ -16,5 +17,9 @@ start=$(date +%s)
 echo "==> [$(date -u +%T)] $label"
 (cd "$dir" && "$@")
 code=$?
-echo "<== [$(date -u +%T)] $label: exit $code after $(( $(date +%s) - start )) s"
+# `times` prints this shell's, then its children's user and system time (waited-for
+# descendants included: pytest reaps its workers, they reap what they start).
+cpu=$(times | tail -1 | awk '{ split($1, u, "m"); split($2, s, "m");
+    printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+echo "<== [$(date -u +%T)] $label: exit $code after $(( $(date +%s) - start )) s, CPU ${cpu} s"
 exit $code

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,26 +14,29 @@ ROOT = Path(__file__).resolve().parents[2]
 _MARK = {name: re.compile(rf"mark\.{name}\b|pytestmark\s*=.*\b{name}\b") for name in ("isolated", "exclusive")}
 
 
-def _make_variables() -> dict[str, str]:
-    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    return {m.group(1): m.group(2).strip()
-            for m in re.finditer(r"^([A-Za-z_]+)\s*:?=\s*(.*)$", text, re.MULTILINE)}
+def _make(variable: str) -> str:
+    """A variable's value as make expands it (``make print-VAR``)."""
+    return subprocess.run(["make", "--no-print-directory", "-s", f"print-{variable}"], cwd=ROOT,
+                          check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _suite_test_files(variables: dict[str, str], suite: str) -> list[Path]:
-    folder = ROOT / variables[f"DIR_{suite}"]
-    paths = variables.get(f"PATHS_{suite}", "tests").replace("$(RANGE_TESTS)", variables["RANGE_TESTS"])
-    return [file for path in paths.split() for file in sorted((folder / path).rglob("test_*.py"))]
+def _suite_test_files(suite: str) -> list[Path]:
+    folder = ROOT / _make(f"DIR_{suite}")
+    files = []
+    for path in (_make(f"PATHS_{suite}") or "tests").split():
+        path = folder / path
+        files += [path] if path.is_file() else sorted(path.rglob("test_*.py"))
+    assert files, f"{suite}: no test files under {folder}"
+    return files
 
 
 @pytest.mark.parametrize("marker, listed_in", [("isolated", "ISOLATED_SUITES"),
                                                ("exclusive", "EXCLUSIVE_SUITES")])
 def test_the_suites_listed_for_a_marker_are_those_whose_tests_use_it(marker: str, listed_in: str) -> None:
-    variables = _make_variables()
-    using = {suite for suite in variables["SUITES"].split()
-             if any(_MARK[marker].search(f.read_text()) for f in _suite_test_files(variables, suite))}
+    using = {suite for suite in _make("SUITES").split()
+             if any(_MARK[marker].search(f.read_text()) for f in _suite_test_files(suite))}
     assert using, f"no suite has a test marked {marker}: the search is broken"
-    assert set(variables[listed_in].split()) == using, \
+    assert set(_make(listed_in).split()) == using, \
         f"Makefile {listed_in} must name the suites with tests marked {marker}: {sorted(using)}"
 
 
