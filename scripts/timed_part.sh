@@ -18,8 +18,12 @@ echo "==> [$(date -u +%T)] $label"
 (cd "$dir" && "$@")
 code=$?
 # `times` prints this shell's, then its children's user and system time (waited-for
-# descendants included: pytest reaps its workers, they reap what they start).
-cpu=$(times | tail -1 | awk '{ split($1, u, "m"); split($2, s, "m");
+# descendants included: pytest reaps its workers, they reap what they start). It must run in
+# this shell, not in a pipe or $(...), whose subshell has no children of its own.
+usage=$(mktemp)
+times > "$usage"
+cpu=$(tail -1 "$usage" | awk '{ split($1, u, "m"); split($2, s, "m");
     printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+rm -f "$usage"
 echo "<== [$(date -u +%T)] $label: exit $code after $(( $(date +%s) - start )) s, CPU ${cpu} s"
 exit $code
