@@ -206,6 +206,26 @@ class AirflowStack:
                 restarted.append(name)
         return restarted
 
+    def recover(self, *, timeout: float = 180, settle: float = 15) -> list[str]:
+        """After an outage of a server the stack uses: start again every component that exits,
+        until the stack is healthy and none has exited for ``settle`` seconds (what systemd's
+        ``Restart=always`` does; a component may exit some seconds after the server is back,
+        once it notices the connection it lost). Returns the names started again, once per
+        start. Raises RuntimeError naming the stack's logs when not healthy within
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        restarted: list[str] = []
+        while True:
+            restarted += self.restart_exited()
+            try:
+                self.wait_healthy(timeout=max(1.0, deadline - time.monotonic()))
+                time.sleep(settle)
+                self._check_alive()
+                return restarted
+            except RuntimeError:
+                if time.monotonic() >= deadline:
+                    raise
+
     def wait_healthy(self, *, timeout: float = 180) -> None:
         """Until the api-server answers, the scheduler (and triggerer) report healthy and
         every worker node is ready."""

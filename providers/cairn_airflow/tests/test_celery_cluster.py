@@ -647,8 +647,7 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
         stack.wait_for(lambda n=node: "Connected to " in _log_since(n, offsets[n.name]),
                        what=f"{name}'s worker to reconnect to the broker", timeout=120)
     stack.postgres.restart()
-    restarted = stack.restart_exited()
-    stack.wait_healthy(timeout=180)
+    restarted = stack.recover(timeout=240)
     print(f"\nafter PostgreSQL's restart: restarted {restarted or 'no component'}")
 
     fan_rows = {i: read_progress(fan_dir / f"{i}.log") for i in range(shards)}
@@ -731,8 +730,7 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
         assert _newest_seq(cluster, proc_key) >= newest[proc]
     finally:
         stack.postgres.start()
-    restarted = stack.restart_exited()
-    stack.wait_healthy(timeout=180)
+    restarted = stack.recover(timeout=240)
     logs = {name: _log_since(node, offsets[name]) for name, node in stack.nodes.items()}
     print(f"\nPostgreSQL down {down_s:.1f}s: the tasks were killed {killed_s:.1f}s after it "
           f"stopped; restarted {restarted or 'no component'}")
