@@ -156,14 +156,20 @@ def _store(cluster: Cluster):  # noqa: ANN202
     return open_store(cluster.store, create=False)
 
 
-def _snapshots(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
+def _snapshots(cluster: Cluster, key: tuple[str, ...], *, tries: int = 1) -> list:  # noqa: ANN001
+    """The key's snapshots; [] when the store cannot be read after ``tries`` reads a second
+    apart (it does not exist until the first try makes it; under load a read of the GCS server
+    may fail once: an assertion that snapshots are still there reads more than once)."""
     from cairn.store import Key
 
-    try:
-        with _store(cluster) as s:
-            return s.snapshots(Key(key))
-    except Exception:  # noqa: BLE001 - the store is made by the first try
-        return []
+    for attempt in range(tries):
+        try:
+            with _store(cluster) as s:
+                return s.snapshots(Key(key))
+        except Exception:  # noqa: BLE001 - the store is made by the first try
+            if attempt + 1 < tries:
+                time.sleep(1)
+    return []
 
 
 def _history(cluster: Cluster, key: tuple[str, ...]) -> list:  # noqa: ANN001
@@ -543,8 +549,8 @@ def _active_runs(cluster: Cluster, run_ids: list[str]) -> set[str] | None:
     return {run_id for run_id in run_ids if run_id in text}
 
 
-def _newest_seq(cluster: Cluster, key: tuple[str, ...]) -> int:
-    return max((i.seq for i in _snapshots(cluster, key)), default=-1)
+def _newest_seq(cluster: Cluster, key: tuple[str, ...], *, tries: int = 1) -> int:
+    return max((i.seq for i in _snapshots(cluster, key, tries=tries)), default=-1)
 
 
 def _two_commits_after(cluster: Cluster, key: tuple[str, ...], after: int) -> Callable[[], bool]:
@@ -726,8 +732,8 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
         # Both tries are dead and, with the database down, no retry can start: every snapshot
         # committed before the outage is still there. (Later a retry may finish and mark the
         # key done, after which the key lists none.)
-        assert _newest_seq(cluster, coop_key) >= newest[coop]
-        assert _newest_seq(cluster, proc_key) >= newest[proc]
+        assert _newest_seq(cluster, coop_key, tries=10) >= newest[coop]
+        assert _newest_seq(cluster, proc_key, tries=10) >= newest[proc]
     finally:
         stack.postgres.start()
     restarted = stack.recover(timeout=240)
