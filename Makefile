@@ -177,17 +177,18 @@ constraints:
 	esac || exit 1; done
 
 ## make test: create every environment (the installers one at a time, the environments beside
-## them), then run every suite (ADR 0038) at once, each part starting as soon as what it needs is
-## ready: each suite's ordinary tests over pytest-xdist workers, and one chain of the tests
-## marked `isolated` (CRIU restores at fixed PIDs, /dev/shm counts, SLURM daemons), one at a
-## time in a PID namespace, mount namespace and /dev/shm of their own (scripts/isolated.sh).
-## The chain is the run's critical path and its tests wait on snapshots taken in time: it runs
-## at normal priority, the Airflow suite (heartbeats, Celery) at nice 4 and the rest at nice
-## 10, so they take what CPU it leaves. Then the tests marked `exclusive` (they drop the page
-## cache, or time benches), one at a time with nothing beside them. Every part runs to the end
-## and prints when it started, how long it took and the CPU time it used
-## (scripts/timed_part.sh); any failing fails the run.
-# The Debian packages, CRIU and the fake driver, built before any part starts.
+## them), then run every suite (ADR 0038) in four lanes at once, each starting as soon as what it
+## needs is ready: the main suite then the KFP suite; the lowest then the newest range
+## environment; the Airflow suite; and the tests marked `isolated` (CRIU restores at fixed PIDs,
+## /dev/shm counts, SLURM daemons), one at a time in a PID namespace, mount namespace and
+## /dev/shm of their own (scripts/isolated.sh). Each suite's ordinary tests spread over
+## pytest-xdist workers. The isolated lane is one long chain, the run's critical path, and its
+## tests wait on snapshots taken in time: it runs at normal priority, the Airflow lane (heartbeats,
+## Celery) at nice 4 and the other two at nice 10, so they take what CPU it leaves. Then the
+## tests marked `exclusive` (they drop the page cache, or time benches), one at a time with
+## nothing beside them. Every part runs to the end and prints when it started and how long it
+## took (scripts/timed_part.sh); any failing fails the run.
+# The Debian packages, CRIU and the fake driver, built before any lane starts.
 SYSTEM := $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP)
 ENVS_BUILT := $(STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
 SUITES := main airflow kfp newest lowest
@@ -195,10 +196,9 @@ SUITES := main airflow kfp newest lowest
 # these lists against the markers in each suite's tests).
 ISOLATED_SUITES  := main airflow
 EXCLUSIVE_SUITES := main
-# pytest-xdist workers per suite for its ordinary tests: more than the cores, since most tests
-# wait (on workloads that sleep between steps, on heartbeats and timeouts).
-WORKERS_main ?= 3
-WORKERS_airflow ?= 3
+# pytest-xdist workers per suite for its ordinary tests
+WORKERS_main ?= 2
+WORKERS_airflow ?= 2
 WORKERS_kfp ?= 1
 WORKERS_newest ?= 2
 WORKERS_lowest ?= 2
@@ -209,8 +209,7 @@ DIST_airflow := loadgroup
 DIST_kfp     := worksteal
 DIST_newest  := worksteal
 DIST_lowest  := worksteal
-# Each suite: the folder it runs from, its interpreter, its test paths, what it needs built and
-# the niceness of its ordinary tests.
+# Each suite: the folder it runs from, its interpreter and its test paths.
 DIR_main    := .
 DIR_airflow := providers/cairn_airflow
 DIR_kfp     := kfp_components
@@ -223,45 +222,45 @@ PY_newest   := $(CURDIR)/$(NEWEST_VENV)/bin/python
 PY_lowest   := $(CURDIR)/$(LOWEST_VENV)/bin/python
 PATHS_newest := $(RANGE_TESTS)
 PATHS_lowest := $(RANGE_TESTS)
-NEEDS_main    := $(STAMP)
-NEEDS_airflow := $(AF_STAMP)
-NEEDS_kfp     := $(KFP_STAMP)
-NEEDS_newest  := $(NEWEST_STAMP)
-NEEDS_lowest  := $(LOWEST_STAMP)
-NICE_main    := 10
-NICE_airflow := 4
-NICE_kfp     := 10
-NICE_newest  := 10
-NICE_lowest  := 10
 # A suite's ordinary tests pass without running when this file exists (see SAME_AS_MAIN).
 SKIP_IF_newest := $(SAME_AS_MAIN)
 # The slowest tests of each part, in its output: where the next minutes of CI are.
 DURATIONS := --durations=12 --durations-min=10
-setup: $(SYSTEM) $(ENVS_BUILT)
+# The lanes: what each runs, one part after the other, what it needs built first and its
+# niceness.
+LANE_main     := side-by-side-main side-by-side-kfp
+LANE_range    := side-by-side-lowest side-by-side-newest
+LANE_airflow  := side-by-side-airflow
+LANE_isolated := $(ISOLATED_SUITES:%=isolated-%)
+NICE_main     := 10
+NICE_range    := 10
+NICE_airflow  := 4
+NICE_isolated := 0
+lane-main: $(STAMP) $(KFP_STAMP) $(SYSTEM)
+lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(SYSTEM)
+lane-airflow: $(AF_STAMP) $(SYSTEM)
+lane-isolated: $(STAMP) $(AF_STAMP) $(SYSTEM)
 
-# What each part needs built: the top-level make builds it before the part starts, so no two
-# installers ever run at once (the parts' own makes below build nothing).
-$(foreach suite,$(SUITES),$(eval side-by-side-$(suite): $(NEEDS_$(suite)) $(SYSTEM)))
-isolated-chain: $(foreach suite,$(ISOLATED_SUITES),$(NEEDS_$(suite))) $(SYSTEM)
+setup: $(SYSTEM) $(ENVS_BUILT)
 
 test:
 	@status=0; \
-	$(MAKE) --no-print-directory -k -j8 --output-sync=target $(SUITES:%=side-by-side-%) \
-		isolated-chain || status=1; \
+	$(MAKE) --no-print-directory -k -j6 --output-sync=target lane-main lane-range lane-airflow \
+		lane-isolated || status=1; \
 	$(MAKE) --no-print-directory -k $(EXCLUSIVE_SUITES:%=alone-%) || status=1; \
 	exit $$status
 
-# The isolated parts one after the other, each to its end.
-isolated-chain:
-	@status=0; for suite in $(ISOLATED_SUITES); do \
-		$(MAKE) --no-print-directory isolated-$$suite || status=1; done; exit $$status
+# A lane's parts one after the other, each to its end (what they need is built: no sub-make
+# below builds anything, so two lanes never run an installer at once).
+lane-%:
+	@status=0; for part in $(LANE_$*); do \
+		nice -n $(NICE_$*) $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 side-by-side-%:
 	@if [ -n "$(SKIP_IF_$*)" ] && [ -e "$(SKIP_IF_$*)" ]; then \
 		echo "==> $* suite: its versions are exactly $$(cat $(SKIP_IF_$*)), which the main suite ran"; \
 		exit 0; fi; \
-	nice -n $(NICE_$*) scripts/timed_part.sh \
-		"$* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*), nice $(NICE_$*)" \
+	scripts/timed_part.sh "$* suite: the ordinary tests, pytest-xdist workers: $(WORKERS_$*)" \
 		$(DIR_$*) $(PY_$*) -m pytest $(PATHS_$*) -m "not isolated and not exclusive" \
 		-n $(WORKERS_$*) --dist $(DIST_$*) $(DURATIONS) $(PYTEST_ARGS)
 
