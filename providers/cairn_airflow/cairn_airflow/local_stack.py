@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,21 @@ TERMINAL_RUN_STATES = {"success", "failed"}
 # Longer than any run of the stack: a dead worker's task comes back through the heartbeat
 # timeout, never through the broker redelivering its message to another worker.
 CELERY_VISIBILITY_TIMEOUT_S = 6 * 3600
+
+
+def commits_after(seqs: Callable[[], Iterable[int]], after: int, *, count: int = 2
+                  ) -> Callable[[], bool]:
+    """A wait condition for :meth:`AirflowStack.wait_for`: ``count`` snapshots with seqs above
+    ``after`` were seen committed (``seqs`` lists the key's committed seqs now). With two, the
+    second was taken after the wait began: a dump under way then may have frozen the workload
+    before the point waited for and commits first (dumps go one at a time). Seqs are kept as
+    seen, not counted in the store: it keeps the newest three, so their count stops growing."""
+    seen: set[int] = set()
+
+    def enough_seen() -> bool:
+        seen.update(seq for seq in seqs() if seq > after)
+        return len(seen) >= count
+    return enough_seen
 
 
 class Executor(str, enum.Enum):

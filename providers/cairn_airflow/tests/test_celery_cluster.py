@@ -22,7 +22,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from cairn_airflow.local_nodes import WorkerNode, descendants
-from cairn_airflow.local_stack import AirflowStack, Executor
+from cairn_airflow.local_stack import AirflowStack, Executor, commits_after
 
 # One cluster serves the session: its tests run on one xdist worker (make test: --dist
 # loadgroup). Each node has its own PID namespace, so a process-mode restore there needs no
@@ -289,7 +289,8 @@ def test_a_lost_node_s_process_mode_step_is_restored_on_the_other_node(
     # The first dumps may catch the script still importing torch: lose the node once it has
     # trained a while and a snapshot was taken after that.
     _wait_steps(cluster, progress, 300)
-    stack.wait_for(_two_commits_after(cluster, key, _newest_seq(cluster, key)),
+    stack.wait_for(commits_after(lambda: (i.seq for i in _snapshots(cluster, key)),
+                                 _newest_seq(cluster, key)),
                    what="a second process snapshot, taken after step 300", timeout=180)
     lost, other, lost_at = _lose_node(cluster, dag_id, run_id)
     # How far apart the first try's snapshots really were: the interval plus each dump's
@@ -553,19 +554,6 @@ def _newest_seq(cluster: Cluster, key: tuple[str, ...], *, tries: int = 1) -> in
     return max((i.seq for i in _snapshots(cluster, key, tries=tries)), default=-1)
 
 
-def _two_commits_after(cluster: Cluster, key: tuple[str, ...], after: int) -> Callable[[], bool]:
-    """A wait condition: two snapshots with seqs above ``after`` were seen committed. The
-    second was taken after the wait began: a dump under way then may have frozen the script
-    before the point waited for and commits first (dumps go one at a time). Seqs are kept as
-    seen, not counted in the store: it keeps the newest three, so their count stops growing."""
-    seen: set[int] = set()
-
-    def two_seen() -> bool:
-        seen.update(i.seq for i in _snapshots(cluster, key) if i.seq > after)
-        return len(seen) >= 2
-    return two_seen
-
-
 def _check_cooperative_step(rows: list[tuple[int, int, float]], result: dict[str, Any],
                             try_number: int, *, total: int, every: int) -> str:
     """The step completed in its first try (every step once, one process), or its retry
@@ -709,7 +697,8 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
                                for i in _snapshots(cluster, coop_key)),
                    what="a cooperative snapshot past the second interval", timeout=240)
     _wait_steps(cluster, proc_log, 300)
-    stack.wait_for(_two_commits_after(cluster, proc_key, _newest_seq(cluster, proc_key)),
+    stack.wait_for(commits_after(lambda: (i.seq for i in _snapshots(cluster, proc_key)),
+                                 _newest_seq(cluster, proc_key)),
                    what="a process snapshot taken after step 300", timeout=180)
     tis = {coop: _running_ti(cluster, coop, coop_run), proc: _running_ti(cluster, proc, proc_run)}
     assert all(t["try_number"] == 1 for t in tis.values()), tis

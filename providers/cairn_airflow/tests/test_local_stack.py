@@ -9,7 +9,7 @@ import pytest
 
 from cairn.exceptions import ConfigError
 from cairn_airflow.local_nodes import WorkerNode
-from cairn_airflow.local_stack import AirflowStack, Executor
+from cairn_airflow.local_stack import AirflowStack, Executor, commits_after
 
 DAGS = Path(__file__).resolve().parents[3] / "dags"
 
@@ -81,3 +81,10 @@ def test_each_node_sees_its_local_disk_at_the_one_path_and_gets_the_cluster_env(
 def test_a_node_name_must_be_a_host_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="letters and digits"):
         WorkerNode("node_a", cluster=tmp_path, dags=DAGS, env={}, log=tmp_path / "log")
+
+
+def test_commits_after_counts_seqs_seen_not_snapshots_kept() -> None:
+    """The store keeps the newest three: the kept list stops growing, the seen seqs do not."""
+    kept = [[3, 4, 5], [4, 5, 6], [4, 5, 6], [5, 6, 7]]
+    two_after_5 = commits_after(lambda: kept.pop(0), 5)
+    assert [two_after_5() for _ in range(4)] == [False, False, False, True]

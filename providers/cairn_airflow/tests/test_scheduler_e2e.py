@@ -14,12 +14,12 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cairn_airflow.local_stack import AirflowStack
+from cairn_airflow.local_stack import AirflowStack, commits_after
 from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
 
 # One stack serves the module: its tests run on one xdist worker (make test: --dist loadgroup).
@@ -88,19 +88,6 @@ def _snapshots(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
 
 def _newest_seq(store: Path, key: tuple[str, ...]) -> int:
     return max((info.seq for info in _snapshots(store, key)), default=-1)
-
-
-def _two_commits_after(store: Path, key: tuple[str, ...], after: int) -> Callable[[], bool]:
-    """A wait condition: two snapshots with seqs above ``after`` were seen committed. The
-    second was taken after the wait began: a dump under way then may have frozen the script
-    before the point waited for and commits first (dumps go one at a time). Seqs are kept as
-    seen, not counted in the store: it keeps the newest three, so their count stops growing."""
-    seen: set[int] = set()
-
-    def two_seen() -> bool:
-        seen.update(info.seq for info in _snapshots(store, key) if info.seq > after)
-        return len(seen) >= 2
-    return two_seen
 
 
 def _kill_task_process(stack: AirflowStack, dag_id: str, run_id: str) -> int:
@@ -238,7 +225,8 @@ def test_a_killed_process_mode_task_resumes_the_process(stack: AirflowStack,
     # while and a snapshot was taken after that.
     stack.wait_for(lambda: progress.exists() and len(progress.read_text().splitlines()) > 300,
                    what="300 steps", timeout=300)
-    stack.wait_for(_two_commits_after(stack.store, key, _newest_seq(stack.store, key)),
+    stack.wait_for(commits_after(lambda: (i.seq for i in _snapshots(stack.store, key)),
+                                 _newest_seq(stack.store, key)),
                    what="a process snapshot taken after step 300", timeout=180)
     _kill_task_process(stack, dag_id, run_id)
     first_life_ended = _first_life_ended(stack, progress)
