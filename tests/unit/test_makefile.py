@@ -3,6 +3,7 @@ dependency range is compared with constraints.txt the way scripts/newest_resolut
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -38,6 +39,21 @@ def test_the_suites_listed_for_a_marker_are_those_whose_tests_use_it(marker: str
     assert using, f"no suite has a test marked {marker}: the search is broken"
     assert set(_make(listed_in).split()) == using, \
         f"Makefile {listed_in} must name the suites with tests marked {marker}: {sorted(using)}"
+
+
+def test_no_test_module_assigns_pytestmark_twice() -> None:
+    """The second assignment replaces the first: the Celery module's xdist_group once went that
+    way, and each xdist worker started a cluster of its own (--dist loadgroup needs the mark)."""
+    twice = []
+    for suite in _make("SUITES").split():
+        for path in _suite_test_files(suite):
+            tree = ast.parse(path.read_text())
+            assigned = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        and any(isinstance(t, ast.Name) and t.id == "pytestmark"
+                                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+            if len(assigned) > 1:
+                twice.append(f"{path.relative_to(ROOT)}: lines {[n.lineno for n in assigned]}")
+    assert not twice, f"pytestmark assigned more than once (make it one list): {sorted(set(twice))}"
 
 
 def _newest_resolution():  # noqa: ANN202

@@ -32,11 +32,6 @@ import pytest
 from cairn_airflow.local_nodes import WorkerNode, descendants
 from cairn_airflow.local_stack import AirflowStack, Executor, commits_after
 
-# One cluster serves the session: its tests run on one xdist worker (make test: --dist
-# loadgroup). Each node has its own PID namespace, so a process-mode restore there needs no
-# PIDs of the machine's: these tests may run beside others.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("celery-cluster")]
-
 REPO = Path(__file__).resolve().parents[3]
 HEARTBEAT_TIMEOUT_S = 10
 EVERY_STEPS = 100  # dags/cooperative_training.py
@@ -53,7 +48,11 @@ needs_cluster = pytest.mark.skipif(
 needs_criu = pytest.mark.skipif(
     not shutil.which("criu") and not os.access("/usr/local/sbin/criu", os.X_OK),
     reason="process mode needs CRIU (make criu)")
-pytestmark = [pytest.mark.slow, needs_cluster]
+# One cluster serves the session: its tests run on one xdist worker (make test: --dist
+# loadgroup). Each node has its own PID namespace, so a process-mode restore there needs no
+# PIDs of the machine's: these tests may run beside others. (One list: a second assignment
+# dropped the group once, and each xdist worker started a cluster of its own.)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("celery-cluster"), needs_cluster]
 
 
 @dataclass
@@ -487,6 +486,10 @@ def test_six_concurrent_steps_each_resume_or_complete_when_a_node_is_lost(
                                capture_output=True, text=True, timeout=120, check=False)
         assert check.returncode == 0, (check.stdout, check.stderr)
         assert "BAD" not in check.stdout and "ok" in check.stdout, check.stdout
+    # The lost node commits nothing more and no retry starts before the heartbeat timeout:
+    # what each of its steps must resume from.
+    newest_step = {i: max(s.manifest.step or 0 for s in _snapshots(cluster, keys[i], tries=10))
+                   for i in on_lost}
     assert stack.wait_for_run(dag_id, run_id, timeout=400) == "success", stack.logs_tail()
     print(f"\n{shards} steps, {len(on_lost)} on the lost node: run {time.monotonic() - started:.0f}s "
           f"in all, {time.monotonic() - lost_at:.0f}s after the loss")
@@ -499,10 +502,15 @@ def test_six_concurrent_steps_each_resume_or_complete_when_a_node_is_lost(
         if i in on_lost:
             assert ti["try_number"] == 2 and ti["hostname"] == other.name, (i, ti)
             assert result["start_step"] > 0, f"shard {i} started over"
+            # The newest snapshot committed before the loss, exactly. The steps redone are
+            # those the lost try ran after it: about one interval, more by the steps it ran
+            # while a newer snapshot was still uploading (a snapshot commits in the
+            # background), which is a matter of load, so not bounded here.
+            assert result["start_step"] == newest_step[i] + 1, (i, result, newest_step[i])
             index = _resume_point(rows)
             redone = rows[index - 1][1] - result["start_step"] + 1
             assert rows[index][1] == result["start_step"]
-            assert 0 <= redone <= FANOUT_EVERY_STEPS, (i, redone)
+            assert redone >= 0, (i, redone)
             assert [r[1] for r in rows[index:]] == list(range(result["start_step"], total)), i
         else:
             assert ti["try_number"] == 1 and result["start_step"] == 0, (i, ti, result)
@@ -604,7 +612,9 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
     runs end succeeded; every step completed where it ran or resumed from its own snapshot;
     no snapshot committed before the restarts is lost out of order."""
     cluster, stack = two_nodes, two_nodes.stack
-    shards, fan_total, proc_steps = 4, 1200, 4500
+    # The process step must outlast the restarts, which take minutes under load (CI runs
+    # other suites beside this one): 6000 steps of at least 0.02 s.
+    shards, fan_total, proc_steps = 4, 1200, 6000
     fan_dir = cluster.observe / f"restart-fan-{uuid.uuid4().hex[:6]}"
     fan_dir.mkdir()
     proc_log = cluster.observe / f"restart-proc-{uuid.uuid4().hex[:6]}.log"
@@ -612,7 +622,7 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
         "shards": shards, "total_steps": fan_total, "step_seconds": 0.02,
         "progress_dir": str(fan_dir)})
     proc_run = stack.trigger("cairn_process_training", {
-        "steps": proc_steps, "step_seconds": 0.01, "every": "3s",
+        "steps": proc_steps, "step_seconds": 0.02, "every": "5s",
         "progress_log": str(proc_log)})
     fan_keys = {i: ("cairn_fanout_training", "train", fan_run, str(i)) for i in range(shards)}
     proc_key = ("cairn_process_training", "train", proc_run, "-1")
@@ -635,6 +645,7 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
     before = {i: [s.seq for s in _snapshots(cluster, k)] for i, k in keys.items()}
 
     offsets = {name: _log_size(node) for name, node in stack.nodes.items()}
+    restarts_began = time.monotonic()
     stack.redis.restart(crash=True)
     for name, node in stack.nodes.items():
         # Celery logs "Connected to <broker URL>" (the URL masked) when it is back.
@@ -642,7 +653,8 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
                        what=f"{name}'s worker to reconnect to the broker", timeout=120)
     stack.postgres.restart()
     restarted = stack.recover(timeout=240)
-    print(f"\nafter PostgreSQL's restart: restarted {restarted or 'no component'}")
+    print(f"\nthe restarts took {time.monotonic() - restarts_began:.0f}s; after PostgreSQL's "
+          f"restart: restarted {restarted or 'no component'}")
 
     fan_rows = {i: read_progress(fan_dir / f"{i}.log") for i in range(shards)}
     proc_rows = read_progress(proc_log)
@@ -685,7 +697,9 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
     point runs once."""
     cluster, stack = two_nodes, two_nodes.stack
     coop, proc = "cairn_cooperative_training", "cairn_process_training"
-    coop_total, proc_steps = 3000, 4000
+    # Both steps must still run when the supervisors kill them, up to minutes after the
+    # database stops under load: a step that ends first marks its key done (no snapshots).
+    coop_total, proc_steps = 6000, 8000
     coop_log = cluster.observe / f"outage-coop-{uuid.uuid4().hex[:6]}.log"
     proc_log = cluster.observe / f"outage-proc-{uuid.uuid4().hex[:6]}.log"
     coop_run = stack.trigger(coop, {"total_steps": coop_total, "step_seconds": 0.01,
@@ -718,6 +732,10 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
         _wait_off_db(lambda: _active_runs(cluster, [coop_run, proc_run]) == set(),
                      what="the workers to give up on both tries", timeout=240)
         down_s = time.monotonic() - stopped_at
+        assert len(read_progress(coop_log)) < coop_total \
+            and len(read_progress(proc_log)) < proc_steps, \
+            f"a step ended before its supervisor killed it ({killed_s:.0f}s after the database " \
+            "stopped): make the steps longer"
         # Both tries are dead and, with the database down, no retry can start: every snapshot
         # committed before the outage is still there. (Later a retry may finish and mark the
         # key done, after which the key lists none.)
