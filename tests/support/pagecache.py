@@ -23,8 +23,10 @@ def require_page_cache(path: str) -> None:
 
 
 def pack_files(store, manifest) -> list[str]:  # noqa: ANN001 - a local Store and a Manifest
-    """The files of the packs ``manifest`` refers to, in a local store."""
-    return sorted({os.path.join(store.backend.root, c.pack) for c in manifest.chunk_refs()})
+    """The files of the packs ``manifest`` refers to, in a local store (an encrypted one's
+    packs pass through its sealing backend raw, under their own names)."""
+    backend = getattr(store.backend, "inner", store.backend)
+    return sorted({os.path.join(backend.root, c.pack) for c in manifest.chunk_refs()})
 
 
 def evict(path: str) -> None:

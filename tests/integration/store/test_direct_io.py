@@ -111,3 +111,38 @@ def test_a_filesystem_that_refuses_o_direct_is_read_through_the_cache(
     assert len(refused) == 1, "one refusal is remembered: no further O_DIRECT attempts"
     assert read_all(local_store, manifest) == FILES
     assert len(refused) == 1
+
+
+def test_a_streamed_read_goes_through_the_page_cache_sealed_or_not(
+        tmp_path, store_secret, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """``iter_file`` and ``verify`` stream: they keep the page cache and its readahead (ADR
+    0016). An encrypted store stages each range before decrypting it out of place; that
+    staging must not be the aligned scratch memory that a local backend reads with O_DIRECT."""
+    require_page_cache(str(tmp_path))
+    store = open_store(str(tmp_path / "store"), secret=store_secret,
+                       settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10))
+    direct = []
+    real_open = os.open
+
+    def open_noting_direct(path, flags, *args):  # noqa: ANN001, ANN202
+        if flags & os.O_DIRECT:
+            direct.append(path)
+        return real_open(path, flags, *args)
+
+    with store:
+        manifest = snapshot(store)
+        packs = pack_files(store, manifest)
+        monkeypatch.setattr("cairn.store.local.os.open", open_noting_direct)
+        for path in packs:
+            evict(path)
+        reader = store.reader(manifest)
+        assert {path: b"".join(bytes(p) for p in reader.iter_file(path))
+                for path in FILES} == FILES
+        reader.verify()
+        assert direct == [], f"a streamed read opened {len(direct)} packs with O_DIRECT"
+        large = sum(c.size for c in manifest.chunk_refs() if c.size >= DIRECT_IO_MIN)
+        assert sum(resident_pages(p) for p in packs) * DIRECT_IO_ALIGN >= large
+
+        # The check can fail: a restore into aligned memory does open the packs with O_DIRECT.
+        read_all(store, manifest)
+        assert direct, "the restore read no pack with O_DIRECT: the check above proves nothing"
