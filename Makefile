@@ -114,15 +114,12 @@ $(KFP_STAMP): pyproject.toml kfp_components/pyproject.toml kfp_components/constr
 ## package (torch stays at 2.13.0: any other torch is a download of several GB here), and
 ## .venv-lowest every `>=` bound exactly (scripts/lowest_constraints.py writes the pins: pip
 ## has no lowest-resolution mode). RANGE_TESTS are the tests that run code of the packages
-## whose versions differ between the ends (torch does not): the unit tests; the store's
-## (cryptography, BLAKE3, xxHash, google-cloud-storage and google-crc32c, KMS) and the CLI's;
-## the state tests of torchdata's StatefulDataLoader, NumPy's RNG and sealed reads. The other
-## state tests (the Checkpointer on each backend, DDP, direct I/O) run cairn and torch only, and
-## so only in the main suite. Not yet: the Lightning and Hugging Face integrations
-## (tests/integration/integrations), two of whose bit-identical resumes fail at the lowest end.
-RANGE_STATE  := test_resume_training test_suspend_training test_rng_resume test_restore_failure
-RANGE_TESTS  := tests/unit tests/integration/store tests/integration/cli \
-	$(RANGE_STATE:%=tests/integration/state/%.py)
+## whose versions differ between the ends (torch does not): the unit tests and the store, state
+## and CLI integration tests (cryptography, BLAKE3, xxHash, google-cloud-storage and
+## google-crc32c, KMS, torchdata's StatefulDataLoader, NumPy's RNG). The Lightning and Hugging
+## Face integration tests pass at both ends (ADR 0038) and run in the main suite only, for CI's
+## time.
+RANGE_TESTS  := tests/unit tests/integration/store tests/integration/cli tests/integration/state
 NEWEST_VENV  := .venv-newest
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
 LOWEST_VENV  := .venv-lowest

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +26,7 @@ def start(module: str, *args: str, stderr: int = subprocess.STDOUT) -> subproces
 
 def finish(proc: subprocess.Popen[str]) -> list[str]:
     try:
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=HANG_S)
     except subprocess.TimeoutExpired:
         proc.kill()  # a hung run must not outlive the test
         proc.communicate()

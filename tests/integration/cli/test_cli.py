@@ -12,13 +12,14 @@ import pytest
 
 from cairn.store import Key, open_store
 from tests.support import tamper
+from tests.support.hang import HANG_S
 
 KEY = "etl/train/scheduled__2026-11-29T00:00:00+00:00/0"
 
 
 def cairn(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "cairn.cli.main", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     if check is not None:
         assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
     return proc

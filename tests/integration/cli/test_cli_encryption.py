@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hang import HANG_S
+
 KEY = "etl/train/run-1"
 
 
 def cairn(*args: str, check: int | None = 0, env: dict[str, str] | None = None
           ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+                          text=True, timeout=HANG_S, env={**os.environ, **(env or {})})
     if check is not None:
         assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
     return proc

@@ -14,6 +14,7 @@ import pytest
 
 from cairn.runtime.exits import ExitCode
 from cairn.store import Key, load_secret_file, open_store, write_secret_file
+from tests.support.hang import HANG_S
 from tests.support.read_failure import INJECTED, injecting_env
 
 KEY = "etl/train/scheduled__2026-11-29T00:00:00+00:00/0"
@@ -21,7 +22,7 @@ KEY = "etl/train/scheduled__2026-11-29T00:00:00+00:00/0"
 
 def cairn(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "sealed"])

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hang import HANG_S
+
 KEY = "etl/train/manual__2026-12-02T00:00:00+00:00/-1"
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,7 +26,7 @@ def training(store: Path, *, pace: float) -> subprocess.Popen[str]:
 
 def cairn(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     return proc.stdout
 
@@ -45,9 +47,7 @@ def test_ls_shows_the_killed_tries_snapshots_and_last_step_after_success(tmp_pat
     assert victim.returncode == -signal.SIGKILL
 
     after = training(store, pace=0.0)
-    # A guard against a hang, not a time limit: make test runs this suite at nice 10 beside
-    # others, where a torch process may get a tenth of a core (one took over 180 s).
-    out, _ = after.communicate(timeout=900)
+    out, _ = after.communicate(timeout=HANG_S)
     assert after.returncode == 0, out
     start = int(next(line for line in out.splitlines() if line.startswith("start ")).split()[1])
     assert start >= committed[-1] + 1  # resumed (the writer may have committed one more)

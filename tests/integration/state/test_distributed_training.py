@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from cairn.store import Key, open_store
+from tests.support.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[3]
 KEY = "dag/ddp/run-1/0"
@@ -37,7 +38,7 @@ def losses(text: str) -> dict[int, str]:
 @pytest.mark.slow
 def test_two_ranks_killed_and_resumed(tmp_path: Path) -> None:
     reference = torchrun(tmp_path / "ref-store", tmp_path / "ref.pt")
-    ref_out, ref_err = reference.communicate(timeout=300)
+    ref_out, ref_err = reference.communicate(timeout=HANG_S)
     assert reference.returncode == 0, ref_err[-2000:]
     ref_losses = losses(ref_out)
     assert sorted(ref_losses) == list(range(TOTAL))
@@ -57,7 +58,7 @@ def test_two_ranks_killed_and_resumed(tmp_path: Path) -> None:
     store.close()
 
     resumed = torchrun(tmp_path / "store", tmp_path / "victim.pt")
-    out, err = resumed.communicate(timeout=300)
+    out, err = resumed.communicate(timeout=HANG_S)
     assert resumed.returncode == 0, err[-2000:]
     start = int(re.search(r"^start (\d+)$", out, re.M)[1])
     assert start >= 15
@@ -68,6 +69,6 @@ def test_two_ranks_killed_and_resumed(tmp_path: Path) -> None:
     assert all(torch.equal(ref_weights[k], got_weights[k]) for k in ref_weights)
 
     single = torchrun(tmp_path / "store", tmp_path / "single.pt", nproc=1)
-    _, err = single.communicate(timeout=300)
+    _, err = single.communicate(timeout=HANG_S)
     assert single.returncode != 0
     assert "taken by 2 ranks and this run has 1; cairn does not reshard" in err

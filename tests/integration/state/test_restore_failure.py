@@ -21,6 +21,7 @@ from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
 from cairn.store import Key, open_store
 from cairn.store.keyring import new_secret
+from tests.support.hang import HANG_S
 from tests.support.read_failure import INJECTED, failing_reads, injecting_env
 
 REPO = Path(__file__).resolve().parents[3]
@@ -87,7 +88,7 @@ def tiny_training(store: Path, total: int, *, env: dict[str, str] | None = None
     return subprocess.run(
         [sys.executable, "-m", "tests.support.tiny_training", str(store), KEY,
          str(store.parent / "weights.pt"), "--total", str(total), "--every", "5"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.mark.slow
@@ -119,7 +120,7 @@ def torchrun(store: Path, *, env: dict[str, str] | None = None
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "tests.support.ddp_training", str(store), KEY, str(store.parent / "ddp.pt"),
          "--total", "12", "--every", "5"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 @pytest.mark.slow

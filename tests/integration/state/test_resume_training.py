@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[3]
 TOTAL, EVERY = 48, 5
 
@@ -31,7 +33,7 @@ def losses(lines: list[str]) -> dict[int, str]:
 @pytest.mark.slow
 def test_killed_after_a_snapshot_resumes_bit_identical(tmp_path: Path) -> None:
     reference = train(tmp_path / "ref-store", tmp_path / "ref.pt")
-    ref_out, _ = reference.communicate(timeout=300)
+    ref_out, _ = reference.communicate(timeout=HANG_S)
     assert reference.returncode == 0
     ref_losses = losses(ref_out.splitlines())
     assert sorted(ref_losses) == list(range(TOTAL))
@@ -51,7 +53,7 @@ def test_killed_after_a_snapshot_resumes_bit_identical(tmp_path: Path) -> None:
     assert not (tmp_path / "victim.pt").exists()
 
     resumed = train(tmp_path / "store", tmp_path / "victim.pt")
-    out, _ = resumed.communicate(timeout=300)
+    out, _ = resumed.communicate(timeout=HANG_S)
     assert resumed.returncode == 0
     lines = out.splitlines()
     start = int(lines[0].split()[1])
@@ -73,7 +75,7 @@ def test_sigterm_takes_a_final_snapshot_then_chains_the_previous_handler(tmp_pat
     """SIGTERM mid-run with a handler already installed: both run, the final snapshot holds
     the last completed step, and the resumed run loses no step."""
     reference = train(tmp_path / "ref-store", tmp_path / "ref.pt")
-    ref_out, _ = reference.communicate(timeout=300)
+    ref_out, _ = reference.communicate(timeout=HANG_S)
     ref_losses = losses(ref_out.splitlines())
 
     victim = train(tmp_path / "store", tmp_path / "victim.pt", "--prev-handler")
@@ -98,7 +100,7 @@ def test_sigterm_takes_a_final_snapshot_then_chains_the_previous_handler(tmp_pat
     store.close()
 
     resumed = train(tmp_path / "store", tmp_path / "victim.pt")
-    out, _ = resumed.communicate(timeout=300)
+    out, _ = resumed.communicate(timeout=HANG_S)
     assert resumed.returncode == 0
     assert out.splitlines()[0] == f"start {last_step + 1}"
     after = losses(out.splitlines())

@@ -16,6 +16,7 @@ from cairn.runtime import env
 from cairn.runtime.exits import ExitCode
 from cairn.store import Key, open_store
 from cairn.store.outcomes import OutcomeKind
+from tests.support.hang import HANG_S
 from tests.support.resume_runs import finish, losses, same_weights, start
 
 TINY = "tests.support.tiny_training"
@@ -47,7 +48,7 @@ def test_a_suspended_run_takes_a_final_snapshot_and_resumes_every_step_once(
                 asked = time.monotonic()
                 break
         seen += [line.strip() for line in victim.stdout]
-        victim.wait(timeout=120)
+        victim.wait(timeout=HANG_S)
         exited = time.monotonic() - asked
         committed = next(m[1] for line in seen
                          if (m := re.search(r"\(([\d.]+)s after the request\)", line)))

@@ -20,13 +20,14 @@ from cairn.store import Key, Store
 from cairn.store.manifest import MANIFEST_SCHEMA
 from cairn.store.slotlog import record_name
 from tests.support import tamper
+from tests.support.hang import HANG_S
 
 KEY = "etl/tools/run-1/0"
 
 
 def _cairn(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
 
 
 def test_cairn_get_of_a_setuid_file_drops_the_bit(backend_url: str, tmp_path: Path) -> None:
