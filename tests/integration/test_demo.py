@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hang import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +22,7 @@ def test_demo_script(tmp_path: Path) -> None:
     shutil.copy(REPO / "scripts" / "demo.sh", work / "scripts" / "demo.sh")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "32.0 MiB (32.0 MiB new)" in out

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hang import HANG_S
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
@@ -24,7 +26,7 @@ def block(starting_with: str) -> str:
 def run(code: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     code = code.replace("file:///data/cairn", f"file://{tmp}/store").replace("/tmp/", f"{tmp}/")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=tmp)
+                          timeout=HANG_S, cwd=tmp)
 
 
 def test_the_store_example_runs(tmp_path: Path) -> None:
@@ -62,7 +64,7 @@ def test_the_encrypted_store_example_runs(tmp_path: Path) -> None:
     script = script.replace("/tmp/", f"{tmp_path}/")
     bin_dir = str(Path(sys.executable).parent)
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path,
+                          text=True, timeout=HANG_S, cwd=tmp_path,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
     restored = tmp_path / "restored-sealed" / "model.bin"

@@ -19,13 +19,14 @@ from cairn.store import Key, open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
+from tests.support.hang import HANG_S
 
 pytestmark = pytest.mark.isolated  # CRIU restores at fixed PIDs (make test: in a PID namespace of its own)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cairn.cli.main", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
 
 
 @pytest.mark.slow

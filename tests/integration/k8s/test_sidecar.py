@@ -23,6 +23,7 @@ from cairn.k8s.watchers import MAINTENANCE_LABEL
 from cairn.store import Key, open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, FakeMetadataServer, serve
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
+from tests.support.hang import HANG_S
 
 
 class SidecarProcess:
@@ -137,7 +138,7 @@ def test_sidecar_hands_notices_over_and_serves_metrics(tmp_path: Path,
 def test_sidecar_refuses_a_missing_shared_directory(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "cairn.cli.main", "sidecar", "--shared",
                              str(tmp_path / "absent"), "--no-metadata"],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 2
     assert "is not a directory: mount the pod's shared volume" in result.stderr
 

@@ -26,6 +26,7 @@ from tests.integration.k8s.fakes import FakeMetadataServer, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
 from tests.support.fake_dump import fake_dump
+from tests.support.hang import HANG_S
 
 needs_criu = pytest.mark.skipif(not can_run_criu(),
                                 reason="needs root and a criu binary (make criu)")
@@ -197,7 +198,7 @@ def test_after_sigterm_the_sidecar_keeps_uploading_until_the_spool_is_empty(
     time.sleep(0.5)
     assert sidecar.proc.poll() is None, sidecar.stderr  # still draining
     hidden.rename(store_path)
-    assert sidecar.proc.wait(timeout=90) == 0, sidecar.stderr
+    assert sidecar.proc.wait(timeout=HANG_S) == 0, sidecar.stderr
     assert "spooled snapshot(s) left to upload" in sidecar.stderr
     assert re.search(rf"entry {entry} committed as seq {epoch + 1}", sidecar.stderr)
     with open_store(str(store_path), create=False) as store:

@@ -26,6 +26,7 @@ from cairn.k8s.transform import SIDECAR_UID
 from cairn.process.spool import Spool
 from cairn.store import Key
 from tests.support.fake_dump import fake_dump
+from tests.support.hang import HANG_S
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -79,7 +80,7 @@ def _as(uid: int, gid: int, code: str, *args: str) -> subprocess.CompletedProces
                 "import cairn.process.spool\n"
                 f"os.setgroups([{gid}]); os.setgid({gid}); os.setuid({uid})\n")
     return subprocess.run([sys.executable, "-c", prologue + code, *args], cwd="/",
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
 
 
 def test_the_sidecar_takes_the_entry_and_nobody_else_can_look(volume: Path) -> None:

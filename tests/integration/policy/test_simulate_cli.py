@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.hang import HANG_S
+
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "simulate.py"
 STRATEGIES = ["rerun", "fixed", "adaptive", "adaptive_notice", "policy"]
 FIELDS = {"goodput", "cost", "deadline_misses", "wasted_gpu_hours"}
@@ -15,7 +17,7 @@ FIELDS = {"goodput", "cost", "deadline_misses", "wasted_gpu_hours"}
 
 def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(BENCH), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_S)
 
 
 def test_shipped_trace_small_sweep_plot_and_last_line_json(tmp_path: Path) -> None:

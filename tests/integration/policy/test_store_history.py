@@ -12,6 +12,7 @@ from pathlib import Path
 from cairn.policy import CapacityOption, History, PolicySettings, decide
 from cairn.store import Key, Store, open_store
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress
+from tests.support.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "bench" / "simulate.py"
@@ -112,12 +113,12 @@ def test_a_store_exports_its_preemptions_as_a_trace_and_the_cli_replays_it(tmp_p
                                               b.ended_at - a.started_at]
     proc = subprocess.run([sys.executable, str(BENCH), "--from-store", url, "--key", str(KEY),
                            "--sweep", "none", "--no-plot", "--steps", "3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     assert f"trace: store {url} (2 events, 1 spot preemptions" in proc.stdout
     assert set(json.loads(proc.stdout.strip().splitlines()[-1])["strategies"]) == {
         "rerun", "fixed", "adaptive", "adaptive_notice", "policy"}
     empty = subprocess.run([sys.executable, str(BENCH), "--from-store", url, "--key", "nope",
                             "--sweep", "none", "--no-plot"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
     assert empty.returncode == 2 and "no preemptions or evictions recorded" in empty.stderr

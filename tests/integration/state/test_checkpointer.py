@@ -12,6 +12,7 @@ from cairn.state.capture import StateMismatch
 from cairn.state.codec import tensor_path
 from cairn.store import Key, Store
 from tests.support import tamper
+from tests.support.hang import HANG_S
 
 KEY = "dag/train/run-1/0"
 
@@ -210,7 +211,7 @@ def test_writer_killed_mid_persist_training_goes_on_nothing_partial(store: Store
     ckpt.save(1)  # staged; the writer is now chunking and hashing 128 MiB
     os.kill(ckpt.writer_pid, signal.SIGKILL)
     with caplog.at_level("ERROR"):
-        assert ckpt.wait(timeout=60)
+        assert ckpt.wait(timeout=HANG_S)
     assert "not committed" in caplog.text and "exited" in caplog.text
     assert [i.seq for i in store.snapshots(Key.parse(KEY))] == [first.seq]
     assert store.verify(Key.parse(KEY)).ok
@@ -345,7 +346,7 @@ def test_step_raises_only_after_max_failures_in_a_row(store: Store, caplog) -> N
         opt.step()  # new bytes: the writer has 128 MiB to hash before it could commit
         ckpt.save(step)
         os.kill(ckpt.writer_pid, signal.SIGKILL)
-        assert ckpt.wait(timeout=120)
+        assert ckpt.wait(timeout=HANG_S)
 
     with caplog.at_level("ERROR"):
         failed_snapshot(0)

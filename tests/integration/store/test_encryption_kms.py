@@ -17,6 +17,7 @@ from cairn.runtime.stores import open_store as open_configured  # noqa: E402
 from cairn.store import Key, SecretError, load_secret_file, open_store  # noqa: E402
 from cairn.store.keyring import KEYRING_PREFIX  # noqa: E402
 from tests.support.fake_kms import FakeKms  # noqa: E402
+from tests.support.hang import HANG_S
 
 KEY = Key.parse("dag/train/run-1")
 KMS_KEY = "projects/cairn-test/locations/global/keyRings/cairn/cryptoKeys/store"
@@ -34,7 +35,7 @@ def _secret_file(tmp_path: Path, kms: FakeKms, key: str = KMS_KEY) -> Path:
     path = tmp_path / f"kms-{key.rsplit('/', 1)[-1]}.secret"
     done = subprocess.run([sys.executable, "-m", "cairn.cli.main", "secret", "new", str(path),
                            "--kms", key, "--kms-endpoint", kms.endpoint],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert "names the Cloud KMS key" in done.stdout
     doc = json.loads(path.read_text())
