@@ -199,10 +199,13 @@ WORKERS_airflow ?= 2
 WORKERS_kfp ?= 1
 WORKERS_newest ?= 2
 WORKERS_lowest ?= 2
-# How xdist deals tests out: worksteal balances best; the Airflow suite keeps each of its shared
-# stacks (a scheduler stack per module, the Celery cluster) on one worker (xdist_group).
+# How xdist deals tests out: worksteal balances best; the Airflow suite keeps each module on one
+# worker (loadfile), so that a stack a module shares (the scheduler stack of test_scheduler_e2e,
+# the Celery cluster) starts once. Not loadgroup: with pytest 9.2, xdist 3.8's xdist_group
+# does nothing (it renames item._nodeid, which pytest 9.2 no longer has), and every worker
+# started its own Celery cluster (tests/unit/test_makefile.py checks the grouping).
 DIST_main    := worksteal
-DIST_airflow := loadgroup
+DIST_airflow := loadfile
 DIST_kfp     := worksteal
 DIST_newest  := worksteal
 DIST_lowest  := worksteal

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 _MARK = {name: re.compile(rf"mark\.{name}\b|pytestmark\s*=.*\b{name}\b") for name in ("isolated", "exclusive")}
@@ -42,8 +45,8 @@ def test_the_suites_listed_for_a_marker_are_those_whose_tests_use_it(marker: str
 
 
 def test_no_test_module_assigns_pytestmark_twice() -> None:
-    """The second assignment replaces the first: the Celery module's xdist_group once went that
-    way, and each xdist worker started a cluster of its own (--dist loadgroup needs the mark)."""
+    """The second assignment replaces the first, silently: the Celery module's marks once went
+    that way."""
     twice = []
     for suite in _make("SUITES").split():
         for path in _suite_test_files(suite):
@@ -54,6 +57,40 @@ def test_no_test_module_assigns_pytestmark_twice() -> None:
             if len(assigned) > 1:
                 twice.append(f"{path.relative_to(ROOT)}: lines {[n.lineno for n in assigned]}")
     assert not twice, f"pytestmark assigned more than once (make it one list): {sorted(set(twice))}"
+
+
+_WHERE_RAN = """
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_one(i):
+    with open(Path(__file__).with_suffix(f".{i}.ran"), "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_the_airflow_suites_distribution_keeps_each_module_on_one_worker(tmp_path: Path) -> None:
+    """The Airflow suite's modules share a stack per module or session (the scheduler stack,
+    the Celery cluster): ``make test``'s distribution mode must keep a module's tests on one
+    xdist worker, with the pytest and pytest-xdist installed here. (``--dist loadgroup`` with
+    ``xdist_group`` marks did not, with pytest 9.2: every worker started its own cluster.)"""
+    import sys
+
+    for name in ("test_first.py", "test_second.py"):
+        (tmp_path / name).write_text(_WHERE_RAN)
+    mode = _make("DIST_airflow")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:randomly", "-n", "2", "--dist", mode, "-c", os.devnull,
+                          "--rootdir", str(tmp_path), str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=HANG_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for module in ("test_first", "test_second"):
+        workers = {(tmp_path / f"{module}.{i}.ran").read_text() for i in range(4)}
+        assert len(workers) == 1, f"--dist {mode} ran {module}'s tests on {sorted(workers)}"
 
 
 def _newest_resolution():  # noqa: ANN202

@@ -48,11 +48,10 @@ needs_cluster = pytest.mark.skipif(
 needs_criu = pytest.mark.skipif(
     not shutil.which("criu") and not os.access("/usr/local/sbin/criu", os.X_OK),
     reason="process mode needs CRIU (make criu)")
-# One cluster serves the session: its tests run on one xdist worker (make test: --dist
-# loadgroup). Each node has its own PID namespace, so a process-mode restore there needs no
-# PIDs of the machine's: these tests may run beside others. (One list: a second assignment
-# dropped the group once, and each xdist worker started a cluster of its own.)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("celery-cluster"), needs_cluster]
+# One cluster serves the session: the module's tests run on one xdist worker (make test: --dist
+# loadfile). Each node has its own PID namespace, so a process-mode restore there needs no
+# PIDs of the machine's: these tests may run beside others.
+pytestmark = [pytest.mark.slow, needs_cluster]
 
 
 @dataclass

@@ -22,8 +22,8 @@ import pytest
 from cairn_airflow.local_stack import AirflowStack, commits_after
 from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
 
-# One stack serves the module: its tests run on one xdist worker (make test: --dist loadgroup).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("scheduler-stack")]
+# One stack serves the module: its tests run on one xdist worker (make test: --dist loadfile).
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 SUSPEND_POLL_S = 0.2
