@@ -611,9 +611,10 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
     runs end succeeded; every step completed where it ran or resumed from its own snapshot;
     no snapshot committed before the restarts is lost out of order."""
     cluster, stack = two_nodes, two_nodes.stack
-    # The process step must outlast the restarts, which take minutes under load (CI runs
-    # other suites beside this one): 6000 steps of at least 0.02 s.
-    shards, fan_total, proc_steps = 4, 1200, 6000
+    # Every step must outlast the wait for all five to run and the restarts, which take
+    # minutes under load (CI runs other suites beside this one): the shards 4000 steps, the
+    # process step 6000, of at least 0.02 s each.
+    shards, fan_total, proc_steps = 4, 4000, 6000
     fan_dir = cluster.observe / f"restart-fan-{uuid.uuid4().hex[:6]}"
     fan_dir.mkdir()
     proc_log = cluster.observe / f"restart-proc-{uuid.uuid4().hex[:6]}.log"
@@ -703,12 +704,15 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
     proc_log = cluster.observe / f"outage-proc-{uuid.uuid4().hex[:6]}.log"
     coop_run = stack.trigger(coop, {"total_steps": coop_total, "step_seconds": 0.01,
                                     "progress_log": str(coop_log)})
-    proc_run = stack.trigger(proc, {"steps": proc_steps, "step_seconds": 0.01, "every": "3s",
-                                    "progress_log": str(proc_log)})
-    coop_key, proc_key = (coop, "train", coop_run, "-1"), (proc, "train", proc_run, "-1")
+    coop_key = (coop, "train", coop_run, "-1")
     stack.wait_for(lambda: any((i.manifest.step or 0) >= 2 * EVERY_STEPS
                                for i in _snapshots(cluster, coop_key)),
                    what="a cooperative snapshot past the second interval", timeout=240)
+    # Only now: the scheduler may start the two runs a minute apart under load, and the
+    # process step must still run when the database stops.
+    proc_run = stack.trigger(proc, {"steps": proc_steps, "step_seconds": 0.01, "every": "3s",
+                                    "progress_log": str(proc_log)})
+    proc_key = (proc, "train", proc_run, "-1")
     _wait_steps(cluster, proc_log, 300)
     stack.wait_for(commits_after(lambda: (i.seq for i in _snapshots(cluster, proc_key)),
                                  _newest_seq(cluster, proc_key)),

@@ -16,9 +16,13 @@ HEAVY = {"torch", "numpy", "cairn.state.checkpointer", "cairn.process", "cairn.p
 def _modules_after(code: str) -> set[str]:
     """The modules a fresh interpreter has loaded after running ``code``."""
     probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         env=os.environ.copy(), timeout=300, check=True).stdout
-    return set(json.loads(out.strip().splitlines()[-1]))
+    # No import timeout: Airflow gives a DAG file 30 s to import, which a machine running the
+    # other suites may exceed; this checks what is imported, not how fast.
+    env = {**os.environ, "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "0"}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         timeout=900, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return set(json.loads(run.stdout.strip().splitlines()[-1]))
 
 
 def test_import_cairn_airflow_imports_neither_airflow_nor_torch() -> None:

@@ -163,6 +163,9 @@ def test_mark_failed_takes_a_final_snapshot_and_clear_resumes_after_it(stack: Ai
     assert final.step in (last_logged, last_logged + 1), (final.step, last_logged)
     assert [o.outcome.value for o in _outcomes(stack.store, key)] == ["preempted"]
 
+    # As a user sees it: the run fails, then "clear". A clear while the scheduler is still
+    # failing the run can lose to it, and the run stays failed.
+    assert stack.wait_for_run(dag_id, run_id, timeout=120) == "failed"
     stack.clear(dag_id, run_id, "train")
     # 600 s: a CI run beside the other suites took over 300 s for the resumed try's 2,840
     # steps of 10 ms.
@@ -327,6 +330,7 @@ def test_mark_failed_on_a_process_mode_task_snapshots_and_clear_restores_it(
         f"the workload finished (step {stopped_at}) {last[2] - asked_at:.1f}s after mark-failed "
         f"before the kill reached it\n{stack.logs_tail()}")
 
+    assert stack.wait_for_run(dag_id, run_id, timeout=120) == "failed"  # then "clear"
     cleared_at = time.time()
     stack.clear(dag_id, run_id, "train")
     assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
