@@ -31,6 +31,15 @@ def aligned_buffer(nbytes: int) -> mmap.mmap:
                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
+def cached_buffer(nbytes: int) -> memoryview:
+    """``nbytes`` of writable memory whose address is never a multiple of
+    :data:`DIRECT_IO_ALIGN`, so a local read into it always goes through the page cache and
+    its readahead (a streamed read, ADR 0016). ``malloc`` memory is 16-byte aligned and lands
+    on a page boundary by chance (about one large buffer in 256), so the view starts one byte in.
+    """
+    return memoryview(bytearray(nbytes + 1))[1:]
+
+
 def direct_length(offset: int, buffer: memoryview) -> int:
     """How many leading bytes of a read of ``len(buffer)`` bytes at file ``offset`` into the
     writable ``buffer`` may use ``O_DIRECT``: a multiple of :data:`DIRECT_IO_ALIGN`, or 0 when

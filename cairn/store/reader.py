@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cairn.exceptions import ConfigError, CorruptSnapshot, NotFound
-from cairn.store.aligned import DIRECT_IO_ALIGN, aligned_buffer
+from cairn.store.aligned import DIRECT_IO_ALIGN, aligned_buffer, cached_buffer
 from cairn.store.backend import Backend
 from cairn.store import delta
 from cairn.store.confined import masked_mode, open_beneath
@@ -236,14 +236,14 @@ def _thread_scratch(length: int) -> memoryview:
     return memoryview(buffer)[:length]
 
 
-def _take_buffer(free: list[bytearray], length: int) -> bytearray:
-    # malloc'ed, so not page-aligned: a local streaming read keeps the page cache and its
-    # readahead. Into reused buffers O_DIRECT measured no faster (ADR 0016).
+def _take_buffer(free: list[memoryview], length: int) -> memoryview:
+    # Never page-aligned: a local streaming read keeps the page cache and its readahead.
+    # Into reused buffers O_DIRECT measured no faster (ADR 0016).
     while free:
         buffer = free.pop()
         if len(buffer) >= length:
             return buffer
-    return bytearray(max(length, MAX_READ_BYTES))
+    return cached_buffer(max(length, MAX_READ_BYTES))
 
 
 def _make_range(run: list[ChunkRef], tail: int = 0) -> _Range:
@@ -263,7 +263,7 @@ class SnapshotReader:
         self._digest = sealer.digest if sealer is not None else plain_digest
         self._pool = pool
         self._prefetch = max(1, prefetch)
-        self._free: list[bytearray] = []  # iter_file's read buffers, reused across files
+        self._free: list[memoryview] = []  # iter_file's read buffers, reused across files
 
     def _read_part(self, pack: str, offset: int, view: memoryview, digest: str) -> int:
         try:
@@ -373,7 +373,7 @@ class SnapshotReader:
                     ) -> Iterator[memoryview]:
         ranges = _coalesce(entry.chunks, self._tail)
         free = self._free
-        pending: deque[tuple[_Range, bytearray, bytearray | None, Future[int]]] = deque()
+        pending: deque[tuple[_Range, memoryview, memoryview | None, Future[int]]] = deque()
         next_index = 0
         try:
             for _ in ranges:
@@ -381,23 +381,21 @@ class SnapshotReader:
                     rng = ranges[next_index]
                     next_index += 1
                     buffer = _take_buffer(free, rng.length)
-                    # A sealed range is staged in a malloc'ed buffer as well, not the thread's
+                    # A sealed range is staged in such a buffer as well, not the thread's
                     # aligned scratch, which a local backend reads with O_DIRECT: a streamed
                     # read keeps the page cache and its readahead (ADR 0016, ADR 0038).
                     staging = _take_buffer(free, rng.length) if self._tail else None
                     pending.append((rng, buffer, staging, self._pool.submit(
-                        self._fetch_verified, rng, memoryview(buffer),
-                        staging=None if staging is None else memoryview(staging))))
+                        self._fetch_verified, rng, buffer, staging=staging)))
                 rng, buffer, staging, future = pending.popleft()
                 future.result()
                 if staging is not None:
                     free.append(staging)
-                data = memoryview(buffer)
                 for chunk in rng.chunks:
                     start = chunk.offset - rng.offset
                     if progress is not None:
                         progress(chunk.size)
-                    yield data[start:start + chunk.size]
+                    yield buffer[start:start + chunk.size]
                 free.append(buffer)  # only once its read is done and its pieces consumed
         finally:
             for _, _, _, future in pending:

@@ -6,7 +6,8 @@ import ctypes
 
 import pytest
 
-from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer, direct_length
+from cairn.store.aligned import (DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer, cached_buffer,
+                                 direct_length)
 
 
 def address(view: memoryview) -> int:
@@ -35,3 +36,14 @@ def test_small_unaligned_or_read_only_reads_take_none() -> None:
     assert direct_length(512, view) == 0  # file offset not aligned
     assert direct_length(0, view[1:DIRECT_IO_MIN + 1]) == 0  # memory not aligned
     assert direct_length(0, memoryview(bytes(DIRECT_IO_MIN))) == 0  # read-only
+
+
+def test_cached_buffers_are_never_read_with_o_direct() -> None:
+    # malloc'ed memory is page-aligned by chance (about one large buffer in 256): a streamed
+    # read into a plain bytearray went O_DIRECT now and then (CI, 2026-12-06).
+    sizes = [DIRECT_IO_MIN, 1 << 20, (4 << 20) + 4096]
+    for i in range(600):
+        view = cached_buffer(sizes[i % len(sizes)])
+        assert len(view) == sizes[i % len(sizes)] and not view.readonly
+        assert direct_length(0, view) == 0
+    assert direct_length(0, memoryview(aligned_buffer(DIRECT_IO_MIN))) == DIRECT_IO_MIN
