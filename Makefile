@@ -175,16 +175,16 @@ constraints:
 
 ## make test: create every environment (the installers one at a time, the environments beside
 ## them), then run every suite (ADR 0038) in four lanes at once, each starting as soon as what it
-## needs is ready: the main suite then the KFP suite; the lowest then the newest range
-## environment; the Airflow suite; and the tests marked `isolated` (CRIU restores at fixed PIDs,
-## /dev/shm counts, SLURM daemons), one at a time in a PID namespace, mount namespace and
+## needs is ready: the main suite, the longest part; the lowest then the newest range environment
+## then the KFP suite; the Airflow suite; and the tests marked `isolated` (CRIU restores at fixed
+## PIDs, /dev/shm counts, SLURM daemons), one at a time in a PID namespace, mount namespace and
 ## /dev/shm of their own (scripts/isolated.sh). Each suite's ordinary tests spread over
-## pytest-xdist workers. The isolated lane is one long chain, the run's critical path, and its
-## tests wait on snapshots taken in time: it runs at normal priority, the Airflow lane (heartbeats,
-## Celery) at nice 4 and the other two at nice 10, so they take what CPU it leaves. Then the
-## tests marked `exclusive` (they drop the page cache, or time benches), one at a time with
-## nothing beside them. Every part runs to the end and prints when it started and how long it
-## took (scripts/timed_part.sh); any failing fails the run.
+## pytest-xdist workers, the slow ones first. The isolated tests wait on snapshots taken in time:
+## their lane runs at normal priority, the Airflow lane (heartbeats, Celery) at nice 4, the main
+## suite at nice 8 and the range lane at nice 10, so they take what CPU it leaves. Then the tests
+## marked `exclusive` (they drop the page cache, or time benches), one at a time with nothing
+## beside them. Every part runs to the end and prints when it started, how long it took and the
+## CPU time it used (scripts/timed_part.sh); any failing fails the run.
 # The Debian packages, CRIU and the fake driver, built before any lane starts.
 SYSTEM := $(CRIU_STAMP) $(TOOLS_STAMP) $(SLURM_STAMP) $(FAKECUDA) $(CHROMIUM_STAMP) $(CLUSTER_STAMP)
 ENVS_BUILT := $(STAMP) $(AF_STAMP) $(KFP_STAMP) $(NEWEST_STAMP) $(LOWEST_STAMP)
@@ -228,16 +228,16 @@ SKIP_IF_newest := $(SAME_AS_MAIN)
 DURATIONS := --durations=12 --durations-min=10
 # The lanes: what each runs, one part after the other, what it needs built first and its
 # niceness.
-LANE_main     := side-by-side-main side-by-side-kfp
-LANE_range    := side-by-side-lowest side-by-side-newest
+LANE_main     := side-by-side-main
+LANE_range    := side-by-side-lowest side-by-side-newest side-by-side-kfp
 LANE_airflow  := side-by-side-airflow
 LANE_isolated := $(ISOLATED_SUITES:%=isolated-%)
-NICE_main     := 10
+NICE_main     := 8
 NICE_range    := 10
 NICE_airflow  := 4
 NICE_isolated := 0
-lane-main: $(STAMP) $(KFP_STAMP) $(SYSTEM)
-lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(SYSTEM)
+lane-main: $(STAMP) $(SYSTEM)
+lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(KFP_STAMP) $(SYSTEM)
 lane-airflow: $(AF_STAMP) $(SYSTEM)
 lane-isolated: $(STAMP) $(AF_STAMP) $(SYSTEM)
 

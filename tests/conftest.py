@@ -13,6 +13,13 @@ from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first, each group in collection order: with ``--dist
+    worksteal`` a worker that runs out steals from the end of another's queue, so the run ends
+    on short tests instead of a training run that one worker starts last (make test's tail)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _drain(stream) -> None:  # noqa: ANN001 - a pipe
     for _ in stream:
         pass

@@ -93,6 +93,21 @@ def test_the_airflow_suites_distribution_keeps_each_module_on_one_worker(tmp_pat
         assert len(workers) == 1, f"--dist {mode} ran {module}'s tests on {sorted(workers)}"
 
 
+def test_the_main_suite_collects_its_slow_tests_first() -> None:
+    """With ``--dist worksteal`` the end of the collection is what runs last: a training run
+    collected last made the main lane's tail (make test's longest part)."""
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", "-m", "not isolated and not exclusive",
+                          "tests/unit/store/test_aligned.py", "tests/integration/store/test_dedup.py"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=HANG_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    slow = [i for i, nodeid in enumerate(ids) if "test_200_mb_twice_then_ten_percent_changed" in nodeid]
+    assert len(ids) > 10 and slow == [0], ids[:3]
+
+
 def _newest_resolution():  # noqa: ANN202
     spec = importlib.util.spec_from_file_location("newest_resolution", ROOT / "scripts" / "newest_resolution.py")
     module = importlib.util.module_from_spec(spec)
