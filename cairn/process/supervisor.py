@@ -79,6 +79,7 @@ from cairn.process import spool as spool_mod
 from cairn.process import restore as restore_mod
 from cairn.process import staging as staging_mod
 from cairn.process import torch_shm, workload
+from cairn.process.doctor import Preflight
 from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.process.log_echo import LogEcho
 from cairn.process.spool_client import SpoolClient
@@ -221,8 +222,9 @@ def _describe_pid(pid: int) -> str:
 class Supervisor:
     """One ``cairn run``. Construct, then :meth:`run` (main thread only) for the exit code."""
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, *, preflight: Preflight | None = None) -> None:
         self.settings = settings
+        self._preflight = preflight  # started by the caller, or here when settings ask for one
         self.key = Key.parse(settings.key)
         self.cwd = os.getcwd()
         # Resolved: CRIU records open files by their real path, which is how logs are matched.
@@ -248,6 +250,10 @@ class Supervisor:
         self._signal: int | None = None
         self._signal_at = 0.0
         self._criu: str | None = None
+        # Whether CRIU can serve pages lazily here: asked while the store opens when the
+        # settings want lazy restores, else when a restore asks.
+        self._uffd_ok: Callable[[], bool] = lambda: criu_mod.has_feature(
+            self._criu or "criu", "uffd-noncoop")
         self._store: Store | None = None
         self._attempt: Any = None
         self._compat: dict[str, Any] = {}
@@ -290,9 +296,7 @@ class Supervisor:
             log.warning("cannot make /proc/sys writable (%s); the workload will start at a low "
                         "PID that a restore in a fresh container may find taken", e)
         if s.preflight:
-            from cairn.process.doctor import run_doctor
-
-            report = run_doctor(preflight=True)
+            report = (self._preflight or Preflight()).report()
             if not report.ok:
                 log.error("this host cannot run process mode:\n%s", report.format_text())
                 return ExitCode.NOT_READY
@@ -301,6 +305,8 @@ class Supervisor:
         except ConfigError as e:
             log.error("%s", e)
             return ExitCode.NOT_READY
+        if s.restore is restore_mod.RestoreMode.LAZY:
+            self._uffd_ok = criu_mod.probe_feature(self._criu, "uffd-noncoop")
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
         signal.signal(signal.SIGCHLD, self._on_child)
@@ -487,8 +493,7 @@ class Supervisor:
             self._store, manifest, criu=self._criu, scratch=scratch,
             pidfile=pidfile, roots=self._track_roots,
             mode=mode, prepare=self._prepare_restore, kill_tree=self._kill_restored_tree,
-            uffd_ok=mode is not restore_mod.RestoreMode.LAZY
-            or criu_mod.has_feature(self._criu, "uffd-noncoop"))
+            uffd_ok=mode is not restore_mod.RestoreMode.LAZY or self._uffd_ok())
         self.child = restored.pid
         self._restored = restored
         tracked = restored.tracked
@@ -1249,9 +1254,11 @@ class Supervisor:
         self.child = None
 
 
-def run(settings: RunSettings) -> int:
-    """Run ``settings.argv`` under a supervisor; returns the exit code (module docstring)."""
-    return Supervisor(settings).run()
+def run(settings: RunSettings, *, preflight: Preflight | None = None) -> int:
+    """Run ``settings.argv`` under a supervisor; returns the exit code (module docstring).
+    ``preflight``: the host checks already under way (``settings.preflight`` still decides
+    whether their verdict gates the run)."""
+    return Supervisor(settings, preflight=preflight).run()
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:

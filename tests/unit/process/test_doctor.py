@@ -385,3 +385,31 @@ def test_preflight_in_a_default_container_fails_naming_fixes() -> None:
     assert report.check("kernel").status is Status.OK
     assert report.check("cgroup").detail == "v2"
     assert run_doctor(preflight=False, read=files.get, env={"CAIRN_CRIU": "/nonexistent/criu"}).ok  # WARNs only
+
+
+def test_a_preflight_runs_the_checks_beside_its_caller_and_hands_over_their_outcome(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from cairn.process import doctor
+
+    release = threading.Event()
+    report = DoctorReport((Check("criu", Status.FAIL, "missing"),), preflight=True)
+
+    def checks(*, preflight: bool) -> DoctorReport:
+        assert preflight
+        if not release.wait(10):  # set only once Preflight() has returned
+            raise AssertionError("Preflight() waited for the checks it was to run beside it")
+        return report
+
+    monkeypatch.setattr(doctor, "run_doctor", checks)
+    pending = doctor.Preflight()  # returns while the checks still wait: they run beside us
+    release.set()
+    assert pending.report() is report and not pending.report().ok
+
+    def broken(*, preflight: bool) -> DoctorReport:
+        raise OSError("cannot read /proc/self/status")
+
+    monkeypatch.setattr(doctor, "run_doctor", broken)
+    with pytest.raises(OSError, match="/proc/self/status"):
+        doctor.Preflight().report()
