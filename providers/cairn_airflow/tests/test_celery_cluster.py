@@ -256,7 +256,7 @@ def test_a_lost_node_s_cooperative_step_resumes_on_the_other_node(two_nodes: Clu
                                for i in _snapshots(cluster, key)),
                    what="a committed snapshot past the second interval", timeout=240)
     lost, other, lost_at = _lose_node(cluster, dag_id, run_id)
-    assert stack.wait_for_run(dag_id, run_id, timeout=240) == "success", stack.logs_tail()
+    assert stack.wait_for_run(dag_id, run_id) == "success", stack.logs_tail()
 
     ti = stack.task_instance(dag_id, run_id, "train")
     assert ti["try_number"] == 2 and ti["hostname"] == other.name, ti
@@ -299,7 +299,7 @@ def test_a_lost_node_s_process_mode_step_is_restored_on_the_other_node(
     committed = [parse_iso(r.created_at) for r in _history(cluster, key)
                  if r.kind is RecordKind.SNAP and r.body["writer"]["host"] == lost.name]
     spacing_s = committed[-1] - committed[-2]
-    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+    assert stack.wait_for_run(dag_id, run_id) == "success", stack.logs_tail()
 
     ti = stack.task_instance(dag_id, run_id, "train")
     assert ti["try_number"] == 2 and ti["hostname"] == other.name, ti
@@ -402,7 +402,7 @@ def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
         _signal_all(everything, signal.SIGCONT)
     stack.wait_for(lambda: any(r["epoch"] == 1 for r in _outcome_records(cluster, key)),
                    what="the zombie's outcome record", timeout=120)
-    assert stack.wait_for_run(dag_id, run_id, timeout=300) == "success", stack.logs_tail()
+    assert stack.wait_for_run(dag_id, run_id) == "success", stack.logs_tail()
     stack.wait_for(lambda: all(_state(p) in ("Z", "X") for p in workload),
                    what="the zombie's task processes to end", timeout=60)
 
@@ -489,7 +489,7 @@ def test_six_concurrent_steps_each_resume_or_complete_when_a_node_is_lost(
     # what each of its steps must resume from.
     newest_step = {i: max(s.manifest.step or 0 for s in _snapshots(cluster, keys[i], tries=10))
                    for i in on_lost}
-    assert stack.wait_for_run(dag_id, run_id, timeout=400) == "success", stack.logs_tail()
+    assert stack.wait_for_run(dag_id, run_id) == "success", stack.logs_tail()
     print(f"\n{shards} steps, {len(on_lost)} on the lost node: run {time.monotonic() - started:.0f}s "
           f"in all, {time.monotonic() - lost_at:.0f}s after the loss")
 
@@ -667,9 +667,9 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
         assert now and max(now) >= max(before[i]), (i, before[i], now)
         assert all(seq in now or seq < min(now) for seq in before[i]), (i, before[i], now)
 
-    assert stack.wait_for_run("cairn_fanout_training", fan_run, timeout=400) == "success", \
+    assert stack.wait_for_run("cairn_fanout_training", fan_run) == "success", \
         stack.logs_tail()
-    assert stack.wait_for_run("cairn_process_training", proc_run, timeout=300) == "success", \
+    assert stack.wait_for_run("cairn_process_training", proc_run) == "success", \
         stack.logs_tail()
     tis = _mapped(stack, "cairn_fanout_training", fan_run)
     for i in range(shards):
@@ -755,8 +755,8 @@ def test_a_metadata_db_outage_past_the_heartbeats_kills_the_tries_and_the_retrie
             f"{dag}: the supervisor on {ti['hostname']} did not kill the task for its " \
             f"heartbeats:\n{logs[ti['hostname']][-3000:]}"
 
-    assert stack.wait_for_run(coop, coop_run, timeout=300) == "success", stack.logs_tail()
-    assert stack.wait_for_run(proc, proc_run, timeout=300) == "success", stack.logs_tail()
+    assert stack.wait_for_run(coop, coop_run) == "success", stack.logs_tail()
+    assert stack.wait_for_run(proc, proc_run) == "success", stack.logs_tail()
     coop_ti = stack.task_instance(coop, coop_run, "train")
     proc_ti = stack.task_instance(proc, proc_run, "train")
     assert coop_ti["try_number"] == 2 and proc_ti["try_number"] == 2, (coop_ti, proc_ti)
