@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DELTA_PAGE = 4096  # a delta chunk replaces whole pages of this size
 MAX_DELTA_PAGES = 64  # a mask fits 64 bits; page chunks are 8 pages
@@ -28,8 +28,7 @@ _KNOWN_FLAGS = FLAG_DELTA | FLAG_SAME_SIZE
 DIGEST_BYTES = 32
 
 
-@dataclass(frozen=True)
-class ChunkRef:
+class ChunkRef(NamedTuple):
     """Where a chunk's bytes live and what they must hash to.
 
     A full chunk is ``size`` bytes of ``pack`` at ``offset``. A *delta* chunk
@@ -37,6 +36,10 @@ class ChunkRef:
     with the pages whose bit is set in ``delta_mask`` replaced, in order, by the
     ``DELTA_PAGE``-byte pages stored at ``pack``/``offset`` (:mod:`cairn.store.delta`). Either
     way ``digest`` is the BLAKE3 of the chunk's whole content, checked after it is assembled.
+
+    Immutable, and a named tuple rather than a frozen dataclass: a 1 GiB process image has
+    ~29,000 of them, and a frozen dataclass took 51 ms to build them against 14 ms, on the
+    path of every restore (ADR 0039).
     """
 
     digest: str

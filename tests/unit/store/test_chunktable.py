@@ -24,8 +24,8 @@ def decode(text: str) -> list[ChunkRef]:
 
 
 digests = st.binary(min_size=32, max_size=32).map(bytes.hex)
-full = st.builds(ChunkRef, digests, st.integers(0, 1 << 30), st.sampled_from(PACKS),
-                 st.integers(0, 1 << 40))
+full = st.builds(lambda digest, size, pack, offset: ChunkRef(digest, size, pack, offset),
+                 digests, st.integers(0, 1 << 30), st.sampled_from(PACKS), st.integers(0, 1 << 40))
 
 
 @st.composite
