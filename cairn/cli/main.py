@@ -470,10 +470,6 @@ After the command exits 0 the key is marked done and its snapshots removed (--ke
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cairn.process.doctor import Preflight
-
-    # Before the imports below: its criu check runs while they load.
-    preflight = None if args.no_preflight else Preflight()
     from cairn.process.restore import RestoreMode
     from cairn.process.staging import StagingMedium
     from cairn.process.supervisor import OnSuccess, RunSettings, run
@@ -505,7 +501,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"cairn run: error: {e}", file=sys.stderr)
         return ExitCode.USAGE
-    return run(settings, preflight=preflight)
+    return run(settings)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -557,9 +557,10 @@ def run_doctor(*, preflight: bool = False, read: Reader = read_text,
 
 class Preflight:
     """:func:`run_doctor` with ``preflight=True`` on a daemon thread of its own. ``cairn run``
-    starts it before its heavier imports and its store calls, so that ``criu check`` (a
-    subprocess: 0.05-0.2 s here) overlaps them instead of adding to the time before a restore
-    begins. :meth:`report` waits for it, and raises what the checks raised."""
+    starts it once ``/proc/sys`` is writable (a mount namespace unshared before any thread
+    starts) and opens the store and parses its snapshots meanwhile, so that ``criu check`` (a
+    subprocess: 0.05-0.2 s here) no longer adds to the time before a restore begins.
+    :meth:`report` waits for it, and raises what the checks raised."""
 
     def __init__(self) -> None:
         self._report: DoctorReport | None = None

@@ -222,9 +222,8 @@ def _describe_pid(pid: int) -> str:
 class Supervisor:
     """One ``cairn run``. Construct, then :meth:`run` (main thread only) for the exit code."""
 
-    def __init__(self, settings: RunSettings, *, preflight: Preflight | None = None) -> None:
+    def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
-        self._preflight = preflight  # started by the caller, or here when settings ask for one
         self.key = Key.parse(settings.key)
         self.cwd = os.getcwd()
         # Resolved: CRIU records open files by their real path, which is how logs are matched.
@@ -309,7 +308,9 @@ class Supervisor:
         except OSError as e:
             log.warning("cannot make /proc/sys writable (%s); the workload will start at a low "
                         "PID that a restore in a fresh container may find taken", e)
-        preflight = (self._preflight or Preflight()) if s.preflight else None
+        # After the cursor is made writable (a mount namespace of this thread's, which the
+        # checks' thread must see), and beside the store's opening and read-ahead.
+        preflight = Preflight() if s.preflight else None
         unopened: StoreError | None = None
         try:
             self._store = open_store(s.store)
@@ -1283,11 +1284,9 @@ class Supervisor:
         self.child = None
 
 
-def run(settings: RunSettings, *, preflight: Preflight | None = None) -> int:
-    """Run ``settings.argv`` under a supervisor; returns the exit code (module docstring).
-    ``preflight``: the host checks already under way (``settings.preflight`` still decides
-    whether their verdict gates the run)."""
-    return Supervisor(settings, preflight=preflight).run()
+def run(settings: RunSettings) -> int:
+    """Run ``settings.argv`` under a supervisor; returns the exit code (module docstring)."""
+    return Supervisor(settings).run()
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -84,7 +84,7 @@ def test_cairn_run_takes_the_jobs_key_and_shields_the_workload(
     from cairn.process import supervisor
 
     seen = []
-    monkeypatch.setattr(supervisor, "run", lambda settings, **_: seen.append(settings) or 0)
+    monkeypatch.setattr(supervisor, "run", lambda settings: seen.append(settings) or 0)
     for name in ("CAIRN_KEY", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in JOB.items():
@@ -101,7 +101,7 @@ def test_cairn_run_outside_slurm_needs_a_key(monkeypatch: pytest.MonkeyPatch,
     from cairn.process import supervisor
 
     seen = []
-    monkeypatch.setattr(supervisor, "run", lambda settings, **_: seen.append(settings) or 0)
+    monkeypatch.setattr(supervisor, "run", lambda settings: seen.append(settings) or 0)
     for name in ("CAIRN_KEY", "SLURM_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
     assert main.main(["run", "--store", "/tmp/s", "--", "true"]) == 2
