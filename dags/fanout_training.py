@@ -5,7 +5,9 @@ it), snapshots and retries, so on a multi-worker Airflow the shards run on which
 have a free slot, and when a worker dies only its shards are retried, each resuming from its
 own last snapshot (``make demo-cluster``, docs/distributed-airflow.md). A shard trains a
 small MLP for ``total_steps`` steps, snapshotting every ``EVERY_STEPS``; with ``progress_dir``
-it appends ``<pid> <step> <unix time>`` per step to ``<progress_dir>/<shard>.log``.
+it appends ``<pid> <step> <unix time>`` per step to ``<progress_dir>/<shard>.log``; with
+``hold_file``, it waits before its last step for as long as that file exists (a test keeps
+every shard running through an outage of any length that way).
 
 torch is imported inside the task only.
 """
@@ -31,6 +33,8 @@ EVERY_STEPS = 50
                               description="sleep per step, to make a demo run long enough to kill"),
         "progress_dir": Param("", type="string",
                               description="a directory for one '<shard>.log' progress file per shard"),
+        "hold_file": Param("", type="string",
+                           description="while this file exists, a shard waits before its last step"),
     },
 )
 def cairn_fanout_training() -> None:
@@ -46,6 +50,7 @@ def cairn_fanout_training() -> None:
         import torch
 
         total, pause = int(params["total_steps"]), float(params["step_seconds"])
+        hold = params["hold_file"]
         progress = (os.path.join(params["progress_dir"], f"{shard}.log")
                     if params["progress_dir"] else None)
         torch.manual_seed(shard)
@@ -54,6 +59,8 @@ def cairn_fanout_training() -> None:
         opt = torch.optim.SGD(model.parameters(), lr=1e-2)
         start = ckpt.restore(model=model, optimizer=opt)
         for step in range(start, total):
+            while hold and step == total - 1 and os.path.exists(hold):
+                time.sleep(0.2)
             x = torch.randn(16, 8)
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             opt.zero_grad()

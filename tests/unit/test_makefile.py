@@ -34,6 +34,16 @@ def _suite_test_files(suite: str) -> list[Path]:
     return files
 
 
+def test_the_recipes_may_write_bytecode_whatever_the_callers_environment_says() -> None:
+    """With PYTHONDONTWRITEBYTECODE set, every process of a suite compiled torch and Airflow
+    from source again (2.3-2.5 s of CPU each); make's recipes run without it."""
+    probe = "probe:\n\t@echo \"[$${PYTHONDONTWRITEBYTECODE-unset}]\"\n"
+    out = subprocess.run(["make", "--no-print-directory", "-s", "-f", "Makefile", "-f", "-",
+                          "probe"], cwd=ROOT, input=probe, check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}).stdout
+    assert out.strip() == "[unset]", out
+
+
 @pytest.mark.parametrize("marker, listed_in", [("isolated", "ISOLATED_SUITES"),
                                                ("exclusive", "EXCLUSIVE_SUITES")])
 def test_the_suites_listed_for_a_marker_are_those_whose_tests_use_it(marker: str, listed_in: str) -> None:

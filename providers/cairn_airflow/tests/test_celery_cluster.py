@@ -602,7 +602,7 @@ def _check_process_step(rows: list[tuple[int, int, float]], try_number: int, *,
 
 
 def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
-        two_nodes: Cluster) -> None:
+        two_nodes: Cluster, request: pytest.FixtureRequest) -> None:
     """Four cooperative steps (mapped shards: three slots per node, so both nodes run some)
     and a process-mode step run; Redis is killed and started again on its port (a crash:
     with no persistence every message in it is gone), the workers reconnect, then PostgreSQL
@@ -612,15 +612,20 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
     no snapshot committed before the restarts is lost out of order."""
     cluster, stack = two_nodes, two_nodes.stack
     # Every step must outlast the wait for all five to run and the restarts, which take
-    # minutes under load (CI runs other suites beside this one): the shards 4000 steps, the
-    # process step 6000, of at least 0.02 s each.
-    shards, fan_total, proc_steps = 4, 4000, 6000
+    # minutes under load (CI runs other suites beside this one): the shards wait before their
+    # last step until the restarts are over (the DAG's hold file); the process step has 6000
+    # steps of at least 0.02 s.
+    shards, fan_total, proc_steps = 4, 600, 6000
     fan_dir = cluster.observe / f"restart-fan-{uuid.uuid4().hex[:6]}"
     fan_dir.mkdir()
+    hold = fan_dir / "hold"
+    hold.touch()
+    # A failure below must not leave the shards holding the module's cluster's slots.
+    request.addfinalizer(lambda: hold.unlink(missing_ok=True))
     proc_log = cluster.observe / f"restart-proc-{uuid.uuid4().hex[:6]}.log"
     fan_run = stack.trigger("cairn_fanout_training", {
         "shards": shards, "total_steps": fan_total, "step_seconds": 0.02,
-        "progress_dir": str(fan_dir)})
+        "progress_dir": str(fan_dir), "hold_file": str(hold)})
     proc_run = stack.trigger("cairn_process_training", {
         "steps": proc_steps, "step_seconds": 0.02, "every": "5s",
         "progress_log": str(proc_log)})
@@ -658,8 +663,10 @@ def test_redis_and_postgres_restarted_mid_run_every_step_completes_or_resumes(
 
     fan_rows = {i: read_progress(fan_dir / f"{i}.log") for i in range(shards)}
     proc_rows = read_progress(proc_log)
-    assert all(len(r) < fan_total for r in fan_rows.values()) and len(proc_rows) < proc_steps, \
-        "a step ended before the restarts were over: make the steps longer"
+    assert all(len(r) < fan_total for r in fan_rows.values()), "the hold file did not hold a shard"
+    assert len(proc_rows) < proc_steps, \
+        "the process step ended before the restarts were over: give it more steps"
+    hold.unlink()
     for i, key in keys.items():
         now = [s.seq for s in _snapshots(cluster, key)]
         # Retention drops the oldest ones only: a snapshot from before is there or older than
