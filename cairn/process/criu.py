@@ -11,11 +11,11 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError, CriuFailed
+from cairn.process.background import Background
 from cairn.runtime.env import CRIU as CRIU_VAR
 
 ENV_VAR = CRIU_VAR.name
@@ -117,15 +117,7 @@ def probe_feature(binary: str, feature: str) -> Callable[[], bool]:
     """Start :func:`has_feature` on a thread of its own; the returned callable waits for the
     answer. ``cairn run --restore lazy`` asks for ``uffd-noncoop`` while it opens the store,
     not after (a ``criu check`` takes 0.05-0.2 s here)."""
-    answer: list[bool] = []
-    thread = threading.Thread(target=lambda: answer.append(has_feature(binary, feature)),
-                              name=f"cairn-criu-{feature}", daemon=True)
-    thread.start()
-
-    def wait() -> bool:
-        thread.join()
-        return bool(answer and answer[0])
-    return wait
+    return Background(lambda: has_feature(binary, feature), name=f"cairn-criu-{feature}").result
 
 
 DUMP_LOG = "dump.log"

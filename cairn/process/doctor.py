@@ -15,13 +15,13 @@ import errno
 import json
 import os
 import re
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.runtime.env import CRIU as CRIU_VAR
 from cairn.process import criu as criu_mod
+from cairn.process.background import Background
 from cairn.process import gpu_budget
 from cairn.process import gpus as gpus_mod
 
@@ -555,7 +555,7 @@ def run_doctor(*, preflight: bool = False, read: Reader = read_text,
     return DoctorReport(tuple(checks), preflight)
 
 
-class Preflight:
+class Preflight(Background[DoctorReport]):
     """:func:`run_doctor` with ``preflight=True`` on a daemon thread of its own. ``cairn run``
     starts it once ``/proc/sys`` is writable (a mount namespace unshared before any thread
     starts) and opens the store and parses its snapshots meanwhile, so that ``criu check`` (a
@@ -563,20 +563,7 @@ class Preflight:
     :meth:`report` waits for it, and raises what the checks raised."""
 
     def __init__(self) -> None:
-        self._report: DoctorReport | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="cairn-preflight", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._report = run_doctor(preflight=True)
-        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits
-            self._error = e
+        super().__init__(lambda: run_doctor(preflight=True), name="cairn-preflight")
 
     def report(self) -> DoctorReport:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._report is not None
-        return self._report
+        return self.result()
