@@ -111,11 +111,6 @@ def encode(chunks: Sequence[ChunkRef], pack_index: dict[str, int]) -> str:
     return base64.b64encode(bytes(out)).decode("ascii")
 
 
-# One decoded row: digest hex, size, pack index, offset, base pack index (-1 if none),
-# base offset, mask.
-Row = tuple[str, int, int, int, int, int, int]
-
-
 def _varint(data: bytes, pos: int, index: int) -> tuple[int, int]:
     result = shift = 0
     while True:
@@ -135,17 +130,26 @@ def _unzig(value: int) -> int:
     return value >> 1 if not value & 1 else -((value + 1) >> 1)
 
 
-def decode(text: object, *, packs: int, max_size: int, max_offset: int) -> list[Row]:
-    """The rows of a table; raises :class:`TableError` for anything malformed or out of range
-    (``packs``: how many packs the manifest lists)."""
+def decode(text: object, *, packs: Sequence[str], max_size: int, max_offset: int
+           ) -> list[ChunkRef]:
+    """The chunks of a table whose pack indexes point into ``packs`` (the manifest's list);
+    raises :class:`TableError` for anything malformed or out of range."""
     if not isinstance(text, str):
         raise TableError("the chunk table is not text")
     try:
         data = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         raise TableError("the chunk table is not base64") from None
-    rows: list[Row] = []
-    cursors = [0] * packs
+    names = list(packs)
+    count = len(names)
+    # One hex string for the whole table, sliced per digest: a fraction of what a bytes slice
+    # and its own .hex() cost per chunk.
+    hexed = data.hex()
+    refs: list[ChunkRef] = []
+    # A named tuple's own constructor is Python code that fills in defaults: six times the
+    # cost of tuple.__new__ with every field given, per chunk.
+    make = tuple.__new__
+    cursors = [0] * count
     pos = 0
     end = len(data)
     size = -1
@@ -159,7 +163,7 @@ def decode(text: object, *, packs: int, max_size: int, max_offset: int) -> list[
         pos = start + DIGEST_BYTES
         if pos > end:
             raise TableError(f"the chunk table is truncated (chunk {index})")
-        digest = data[start:pos].hex()
+        digest = hexed[2 * start:2 * pos]
         if flags & FLAG_SAME_SIZE:
             if size < 0:
                 raise TableError("the first chunk has no size")
@@ -172,8 +176,8 @@ def decode(text: object, *, packs: int, max_size: int, max_offset: int) -> list[
             pos += 1
         else:
             pack, pos = _varint(data, pos, index)
-        if pack >= packs:
-            raise TableError(f"chunk {index} names pack {pack} of {packs}")
+        if pack >= count:
+            raise TableError(f"chunk {index} names pack {pack} of {count}")
         if pos < end and data[pos] < 0x80:
             rel = data[pos]
             pos += 1
@@ -189,8 +193,8 @@ def decode(text: object, *, packs: int, max_size: int, max_offset: int) -> list[
             # The mask comes last in the record but sizes this chunk's own extent, which the
             # base's offset is relative to when both lie in one pack: read ahead for it.
             base, pos = _varint(data, pos, index)
-            if base >= packs:
-                raise TableError(f"chunk {index} names pack {base} of {packs}")
+            if base >= count:
+                raise TableError(f"chunk {index} names pack {base} of {count}")
             base_rel, pos = _varint(data, pos, index)
             mask, pos = _varint(data, pos, index)
             if not 0 < mask < 1 << (size // DELTA_PAGE):
@@ -200,9 +204,10 @@ def decode(text: object, *, packs: int, max_size: int, max_offset: int) -> list[
             if not 0 <= base_offset <= max_offset:
                 raise TableError(f"chunk {index} has base offset {base_offset} out of range")
             cursors[base] = base_offset + size
-            rows.append((digest, size, pack, offset, base, base_offset, mask))
+            refs.append(make(ChunkRef, (digest, size, names[pack], offset, names[base],
+                                        base_offset, mask)))
         else:
             cursors[pack] = offset + size
-            rows.append((digest, size, pack, offset, -1, 0, 0))
+            refs.append(make(ChunkRef, (digest, size, names[pack], offset, None, 0, 0)))
         index += 1
-    return rows
+    return refs

@@ -224,13 +224,10 @@ def _good_pack(pack: object) -> bool:
 
 def _table_chunks(text: object, packs: list[str], path: str) -> list[ChunkRef]:
     try:
-        rows = chunktable.decode(text, packs=len(packs), max_size=MAX_CHUNK_BYTES,
+        return chunktable.decode(text, packs=packs, max_size=MAX_CHUNK_BYTES,
                                  max_offset=MAX_FILE_BYTES)
     except chunktable.TableError as e:
         raise ValueError(f"chunks of {path}: {e}") from None
-    return [ChunkRef(digest, size, packs[pack], offset) if base < 0 else
-            ChunkRef(digest, size, packs[pack], offset, packs[base], base_offset, mask)
-            for digest, size, pack, offset, base, base_offset, mask in rows]
 
 
 def _v1_chunks(raw_chunks: object, path: str) -> list[ChunkRef]:
