@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from cairn.runtime.channel import Status
+from cairn.runtime.channel import RunStatus
 
 if TYPE_CHECKING:
     from cairn.k8s.uploader import UploadStats
@@ -45,7 +45,7 @@ class _Writer:
             self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
 
 
-def render(status: Status | None, *, notices_sent: Mapping[str, int],
+def render(status: RunStatus | None, *, notices_sent: Mapping[str, int],
            watchers_healthy: Mapping[str, bool], now: float | None = None,
            uploads: UploadStats | None = None) -> str:
     """The ``/metrics`` page. ``status`` None: the supervisor has not reported yet;

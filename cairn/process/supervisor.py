@@ -261,7 +261,7 @@ class Supervisor:
         self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here
         self._gpu_use: gpus_mod.GpuUse | None = None  # the workload's, at the last dump check
         self._notice: channel.Notice | None = None
-        self._status = channel.Status(pid=os.getpid(), started_at=time.time())
+        self._status = channel.RunStatus(pid=os.getpid(), started_at=time.time())
         self._status_failed = False
         self._spool: SpoolClient | None = None
         self._suspend: suspend_mod.SuspendWatch | None = None

@@ -132,7 +132,7 @@ def read_notice(path: str) -> Notice | None:
 
 
 @dataclass(frozen=True)
-class Status:
+class RunStatus:
     """What the supervisor (process mode) or the Checkpointer (state mode) reports after each
     snapshot (cumulative for its run)."""
 
@@ -159,7 +159,7 @@ class Status:
         return {"version": CHANNEL_VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Status:
+    def from_json(cls, doc: dict[str, Any]) -> RunStatus:
         fields = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
         try:
             return cls(**fields)
@@ -167,13 +167,13 @@ class Status:
             raise ConfigError(f"malformed status ({e}): {doc}") from None
 
 
-def write_status(path: str, status: Status) -> None:
+def write_status(path: str, status: RunStatus) -> None:
     write_json_atomic(path, status.to_json())
 
 
-def read_status(path: str) -> Status | None:
+def read_status(path: str) -> RunStatus | None:
     doc = _read_json(path)
-    return None if doc is None else Status.from_json(doc)
+    return None if doc is None else RunStatus.from_json(doc)
 
 
 @dataclass(frozen=True)

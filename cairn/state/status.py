@@ -28,7 +28,7 @@ class StatusReporter:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.status = channel.Status(pid=os.getpid(), started_at=time.time())
+        self.status = channel.RunStatus(pid=os.getpid(), started_at=time.time())
         self._warned = False
         self._write()
 

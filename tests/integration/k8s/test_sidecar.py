@@ -118,7 +118,7 @@ def test_sidecar_hands_notices_over_and_serves_metrics(tmp_path: Path,
             assert notice is not None and notice.deadline - notice.issued_at == pytest.approx(15)
 
             # What the supervisor reports is served.
-            channel.write_status(str(shared / channel.STATUS_NAME), channel.Status(
+            channel.write_status(str(shared / channel.STATUS_NAME), channel.RunStatus(
                 pid=1, started_at=time.time(), snapshots=4, bytes_written=2048, last_seq=7,
                 last_success_at=time.time(), updated_at=time.time()))
             after = sidecar.metrics()

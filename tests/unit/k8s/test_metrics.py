@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairn.runtime.channel import Status
+from cairn.runtime.channel import RunStatus
 from cairn.k8s.metrics import render
 
 
@@ -17,7 +17,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_status_becomes_metrics() -> None:
-    status = Status(pid=10, started_at=1000.0, snapshots=3, failures=1, frozen_seconds=0.75,
+    status = RunStatus(pid=10, started_at=1000.0, snapshots=3, failures=1, frozen_seconds=0.75,
                     stall_seconds=2.5, bytes_written=123456789, last_seq=9,
                     last_success_at=1500.5, last_error='criu: "dump" failed\nline 2',
                     last_error_at=1400.0, resumes=1, work_saved_seconds=321.5,

@@ -10,7 +10,7 @@ import pytest
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import channel
-from cairn.runtime.channel import Notice, Status
+from cairn.runtime.channel import Notice, RunStatus
 
 
 def test_a_notice_is_taken_once(tmp_path: Path) -> None:
@@ -28,8 +28,8 @@ def test_a_notice_is_taken_once(tmp_path: Path) -> None:
 
 def test_writes_are_atomic_and_readable_by_the_other_user(tmp_path: Path) -> None:
     path = tmp_path / channel.STATUS_NAME
-    channel.write_status(str(path), Status(pid=1, started_at=5.0, snapshots=2))
-    channel.write_status(str(path), Status(pid=1, started_at=5.0, snapshots=3))
+    channel.write_status(str(path), RunStatus(pid=1, started_at=5.0, snapshots=2))
+    channel.write_status(str(path), RunStatus(pid=1, started_at=5.0, snapshots=3))
     assert sorted(os.listdir(tmp_path)) == [channel.STATUS_NAME]  # no temporaries left
     assert path.stat().st_mode & 0o777 == 0o644
     status = channel.read_status(str(path))
