@@ -63,6 +63,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from cairn.exceptions import ConfigError
@@ -120,7 +121,12 @@ def train(trainer: Trainer, *, store: Any = None, key: Any = None, checkpointer:
         trainer.add_callback(callback)
     elif given != (None,) * len(given):
         raise ConfigError("the trainer already has a CairnCallback; configure it, not train()")
-    with tempfile.TemporaryDirectory(prefix="cairn-hf-") as scratch:
+    with contextlib.ExitStack() as cleanup:
+        # Made only for a resume: a run killed by SIGKILL leaves its scratch behind, and
+        # most runs that are killed were never resumed.
+        def scratch() -> str:
+            return cleanup.enter_context(tempfile.TemporaryDirectory(prefix="cairn-hf-"))
+
         try:
             resume_dir = callback._prepare(trainer, scratch)
             with _without(_EMPTY_WEIGHTS_WARNING), callback._loader_active():
@@ -166,9 +172,9 @@ class CairnCallback(TrainerCallback):
 
     # -- before trainer.train() --------------------------------------------------------------
 
-    def _prepare(self, trainer: Trainer, scratch: str) -> str | None:
+    def _prepare(self, trainer: Trainer, make_scratch: Callable[[], str]) -> str | None:
         """Restore into the trainer; return the directory to pass as ``resume_from_checkpoint``
-        (None: no snapshot, start fresh)."""
+        (None: no snapshot, start fresh), made by ``make_scratch``."""
         if self.checkpointer is not None:
             raise ConfigError("this CairnCallback already ran a training; use a new one per train()")
         _check_supported(trainer)
@@ -214,6 +220,7 @@ class CairnCallback(TrainerCallback):
         # on_train_begin.
         self._param_groups = [{k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
                               for group in self._optimizer.param_groups]
+        scratch = make_scratch()
         with open(os.path.join(scratch, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             f.write(doc["trainer_state"])
         from safetensors.torch import save_file

@@ -6,6 +6,7 @@ and writes its final weights with ``torch.save(state_dict)``.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -17,11 +18,13 @@ from tests.support.hang import HANG_S
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start(module: str, *args: str, stderr: int = subprocess.STDOUT) -> subprocess.Popen[str]:
-    """``python -m module *args`` from the repository root; its stderr goes to its stdout
-    unless ``stderr`` says otherwise (``subprocess.DEVNULL``)."""
+def start(module: str, *args: str, stderr: int = subprocess.STDOUT,
+          env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m module *args`` from the repository root, ``env`` added to the environment;
+    its stderr goes to its stdout unless ``stderr`` says otherwise (``subprocess.DEVNULL``)."""
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=stderr, text=True)
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            env={**os.environ, **(env or {})})
 
 
 def finish(proc: subprocess.Popen[str]) -> list[str]:

@@ -21,9 +21,16 @@ EPOCHS = 3
 BATCHES_PER_EPOCH = 12  # 96 sequences, batches of 8
 
 
-def train(store: Path, out: Path, *extra: str, epochs: int = EPOCHS) -> subprocess.Popen[str]:
+def train(store: Path, out: Path, *extra: str, epochs: int = EPOCHS,
+          tmp: Path | None = None) -> subprocess.Popen[str]:
     return resume_runs.start("tests.support.hf_training", str(store), KEY, str(out),
-                             "--epochs", str(epochs), *extra, stderr=subprocess.DEVNULL)
+                             "--epochs", str(epochs), *extra, stderr=subprocess.DEVNULL,
+                             env={"TMPDIR": str(tmp)} if tmp else None)
+
+
+def scratch_left(tmp: Path) -> list[str]:
+    """What cairn's resume scratch left in the run's temporary folder."""
+    return [p.name for p in tmp.glob("cairn-hf-*")]
 
 
 def finish(proc: subprocess.Popen[str]) -> list[str]:
@@ -42,14 +49,18 @@ def test_killed_training_resumes_at_the_snapshot_bit_identical(
     pytest.importorskip("transformers")
     total = EPOCHS * steps_per_epoch
     reference = train(tmp_path / "ref-store", tmp_path / "ref.pt", *options)
-    victim = train(tmp_path / "store", tmp_path / "out.pt", *options)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    victim = train(tmp_path / "store", tmp_path / "out.pt", *options, tmp=tmp)
     seen = kill_after(victim, f"committed {committed}")
+    assert scratch_left(tmp) == [], "a run that resumed nothing made a resume scratch"
     ref_losses = losses(finish(reference))
     assert sorted(ref_losses) == list(range(total))
     assert not (tmp_path / "out.pt").exists()
     last_staged = max(int(line.split()[1]) for line in seen if line.startswith("saved "))
 
-    lines = finish(train(tmp_path / "store", tmp_path / "out.pt", *options))
+    lines = finish(train(tmp_path / "store", tmp_path / "out.pt", *options, tmp=tmp))
+    assert scratch_left(tmp) == [], "the resume scratch outlived the training"
     start = int(lines[0].split()[1])
     # The writer process outlives the trainer and may still commit what was staged last.
     assert committed + 1 <= start <= last_staged + 1, (start, last_staged)
