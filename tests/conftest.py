@@ -8,9 +8,17 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
+
+# Hypothesis times its examples: a deadline per example and a health check on how fast data
+# is generated. make test runs the suites side by side on two cores, so both measure the
+# machine's load, not the code (a lowest-suite run failed the health check with nothing
+# wrong), and a test here asserts no timing.
+settings.register_profile("cairn", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cairn")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
