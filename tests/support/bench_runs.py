@@ -15,9 +15,11 @@ import pytest
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-def run_quick(script: str, parent: Path, *, timeout: float) -> tuple[dict[str, Any], str]:
-    """Run ``bench/<script> --quick --dir parent``; its summary (the last line) and stdout."""
-    done = subprocess.run([sys.executable, str(BENCH_DIR / script), "--quick", "--dir",
+def run_quick(script: str, parent: Path, *, timeout: float, flag: str = "--quick"
+              ) -> tuple[dict[str, Any], str]:
+    """Run ``bench/<script> FLAG --dir parent`` (``--quick``, or a bench's ``--smoke``); its
+    summary (the last line) and stdout."""
+    done = subprocess.run([sys.executable, str(BENCH_DIR / script), flag, "--dir",
                            str(parent)], stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=timeout, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]

@@ -7,13 +7,11 @@ is asserted (the figures are the bench's business); it drops the page cache, hen
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.bench_runs import run_quick
 from tests.support.cairn_run import can_run_criu
 
 pytestmark = [
@@ -22,16 +20,9 @@ pytestmark = [
     pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)"),
 ]
 
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "steady_bench.py"
-
 
 def test_smoke_runs_every_side_and_each_snapshots_while_the_steps_run(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(BENCH), "--smoke", "--dir", str(tmp_path)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=300, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary, _ = run_quick("steady_bench.py", tmp_path, timeout=300, flag="--smoke")
     assert summary["bench"] == "steady" and summary["floor"] == 1.0
     assert "criu dump" in summary["peer"] and "--leave-running" in summary["peer"]
     [row] = summary["rows"]
