@@ -104,6 +104,10 @@ FINAL_DUMP_MIN_TIMEOUT_S = 1.0  # a final dump runs until the budget ends, but a
 PID_WAIT_S = 30.0  # how long a restore waits for a killed predecessor's PIDs to be freed
 SOCKET_DIR_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")  # where a restore may make a socket's dir
 SPOOL_EXIT_MARGIN_S = 0.5  # a final upload is awaited until this long before the budget ends
+# A platform that signals every process of the step (SLURM's proctrack, a process group) may
+# kill the workload a moment before this run's own signal arrives: wait this long for it.
+STOP_SIGNAL_WAIT_S = 0.5
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class OnSuccess(str, enum.Enum):
@@ -416,6 +420,9 @@ class Supervisor:
                 offsets = self._restart_after_lazy_failure()
                 continue
             if status is not None:
+                if self._stopped_with_the_run(status):
+                    asked = self._ask_cause()
+                    return self._classify(self._workload_stopped_too(status), asked)
                 return self._workload_ended(status)
             if self._signal is not None or self._take_notice():
                 asked = self._ask_cause()
@@ -1026,6 +1033,29 @@ class Supervisor:
                 if self._proc is not None and self._proc.pid == pid:
                     self._proc.returncode = from_wait_status(status)
                 return status
+
+    def _stopped_with_the_run(self, status: int) -> bool:
+        """Whether the workload ended of the stop this run was told of rather than of its own
+        failure: it ended unsuccessfully once this run had a stop signal, or it died of SIGTERM
+        or SIGINT and this run's own signal came within :data:`STOP_SIGNAL_WAIT_S` (the
+        platform signals every process of the step, in no set order)."""
+        if from_wait_status(status) == 0:
+            return False
+        if self._signal is None and os.WIFSIGNALED(status) and \
+                os.WTERMSIG(status) in STOP_SIGNALS:
+            deadline = time.monotonic() + STOP_SIGNAL_WAIT_S
+            while self._signal is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # the signal handler runs in between
+        return self._signal is not None
+
+    def _workload_stopped_too(self, status: int) -> int:
+        """The try ends preempted with the last snapshot kept: nothing is left to dump."""
+        assert self._signal is not None
+        kept = self._last_committed_seq()
+        log.error("%s: the workload ended with %d, signalled with this run: no final snapshot; "
+                  "%s", signal.Signals(self._signal).name, from_wait_status(status),
+                  f"snapshot seq {kept} kept" if kept is not None else "no snapshot to keep")
+        return ExitCode.PREEMPTED_KEPT
 
     def _workload_ended(self, status: int) -> int:
         code = from_wait_status(status)

@@ -138,6 +138,34 @@ def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
     assert second.epoch > first.epoch
 
 
+def test_a_workload_killed_just_before_its_run_is_signalled_ends_preempted_not_failed(
+        place: dict[str, Path]) -> None:
+    """SLURM signals every process of the step, the workload included, in no set order: the
+    workload dead of SIGTERM a moment before cairn run's own SIGTERM arrives is a preemption
+    with the last snapshot kept (76), not a failure of the workload (143); the next run
+    resumes from that snapshot."""
+    run = _counter(place, 100000)
+    _after_a_snapshot(run, min_steps=10, metrics=place["metrics"])
+    child = run.child_pid()
+    assert child is not None, run.stderr
+    os.kill(child, signal.SIGTERM)
+    time.sleep(0.05)  # the workload is gone before the run hears of the stop
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 76, run.stderr
+    assert "the workload ended with 143, signalled with this run" in run.stderr, run.stderr
+    kept = run.committed()[-1]
+    with open_store(str(place["store"]), create=False) as store:
+        (outcome,) = store.outcomes(Key.parse("dag/task/1"))
+    assert outcome.outcome.value == "preempted" and outcome.detail["exit_code"] == 76, outcome
+    again = _counter(place, 100000)
+    try:
+        wait_for(lambda: "restored snapshot seq" in again.stderr or again.proc.poll() is not None,
+                 60, "the restore")
+        assert f"restored snapshot seq {kept} " in again.stderr, again.stderr
+    finally:
+        again.kill()
+
+
 def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_continues(
         place: dict[str, Path]) -> None:
     """``cairn suspend`` mid-run: a final dump, exit 77, outcome ``suspended``; a run started
