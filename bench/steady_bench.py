@@ -2,10 +2,11 @@
 them, side by side in one run.
 
     sudo .venv/bin/python bench/steady_bench.py [--size 1] [--intervals 30,10] [--runs 1]
-        [--smoke] [--dir DIR]
+        [--threads 1] [--smoke] [--dir DIR]
 
 The workload (``steady_workload.py``) holds ``--size`` GiB of random bytes and runs a fixed
-number of CPU-bound steps (a SHA-256 of one MiB each), rewriting pages as it goes so that
+number of CPU-bound steps (a SHA-256 of one MiB each) on ``--threads`` threads (with as many
+as the machine has cores, snapshots compete with it for them), rewriting pages so that
 10% of its pages change in every snapshot interval at its unhindered speed: the count of
 steps and the pages per step come from a calibration run at the start. Per interval ``T`` the
 run lasts about 7.5 ``T`` unhindered, so that at least five snapshots fall inside the steps.
@@ -66,6 +67,7 @@ class Settings:
     size: int
     intervals: tuple[float, ...]
     runs: int
+    threads: int
     root: str
     criu: str
     cairn: str
@@ -87,7 +89,8 @@ def children_cpu() -> float:
 
 def workload_argv(s: Settings, steps: int, pages_per_step: float, result: str) -> list[str]:
     return [s.python, WORKLOAD, "--bytes", str(s.size), "--steps", str(steps),
-            "--pages-per-step", f"{pages_per_step:.6f}", "--result", result]
+            "--pages-per-step", f"{pages_per_step:.6f}", "--threads", str(s.threads),
+            "--result", result]
 
 
 def read_result(path: str) -> dict[str, Any]:
@@ -248,8 +251,10 @@ def main() -> int:
     parser.add_argument("--size", type=float, default=1.0, help="GiB held (default 1)")
     parser.add_argument("--intervals", default="30,10", help="seconds between snapshots")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the workload's threads (default 1; the cores: it competes)")
     parser.add_argument("--smoke", action="store_true",
-                        help="64 MiB, a 1 s interval, one run: the bench's own test")
+                        help="64 MiB, 2 threads, a 1 s interval, one run: the bench's own test")
     parser.add_argument("--dir", default=None, help="the bench's directory (default: a temp dir "
                         "on /var/tmp, the disk)")
     args = parser.parse_args()
@@ -261,18 +266,22 @@ def main() -> int:
     size = 64 << 20 if args.smoke else int(args.size * GIB)
     intervals = (1.0,) if args.smoke else tuple(float(x) for x in args.intervals.split(","))
     root = tempfile.mkdtemp(prefix="cairn-steady-", dir=args.dir or "/var/tmp")
-    s = Settings(size=size, intervals=intervals, runs=1 if args.smoke else args.runs, root=root,
-                 criu=criu, cairn=cairn, python=sys.executable)
+    s = Settings(size=size, intervals=intervals, runs=1 if args.smoke else args.runs,
+                 threads=2 if args.smoke else max(1, args.threads), root=root, criu=criu,
+                 cairn=cairn,
+                 python=sys.executable)
     try:
         started_load = loadavg()
         rate = calibrate(s)
-        print(f"workload: {size / GIB:g} GiB, {rate:.0f} steps/s alone; 10% of the pages "
+        print(f"workload: {size / GIB:g} GiB, {s.threads} thread(s), {rate:.0f} steps/s alone; "
+              f"10% of the pages "
               f"rewritten per interval; ~{RUN_INTERVALS} intervals per run", flush=True)
         rows = measure(s, rate)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print_table(rows)
-    summary = {"bench": "steady", "size_bytes": size, "steps_per_s": round(rate, 1),
+    summary = {"bench": "steady", "size_bytes": size, "threads": s.threads,
+               "steps_per_s": round(rate, 1),
                "cores": os.cpu_count(), "load_start": started_load, "load_end": loadavg(),
                "peer": "criu dump -t PID -D DIR --leave-running -o dump.log every interval, "
                        "then sync (the last dump kept)",

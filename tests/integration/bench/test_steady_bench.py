@@ -23,7 +23,7 @@ pytestmark = [
 
 def test_smoke_runs_every_side_and_each_snapshots_while_the_steps_run(tmp_path: Path) -> None:
     summary, _ = run_quick("steady_bench.py", tmp_path, timeout=300, flag="--smoke")
-    assert summary["bench"] == "steady" and summary["floor"] == 1.0
+    assert summary["bench"] == "steady" and summary["floor"] == 1.0 and summary["threads"] == 2
     assert "criu dump" in summary["peer"] and "--leave-running" in summary["peer"]
     [row] = summary["rows"]
     assert row["interval_s"] == 1.0 and row["steps"] > 0 and row["none_s"] > 0
