@@ -71,6 +71,17 @@ def _after_a_snapshot(run: CairnRun, *, min_steps: int, metrics: Path, count: in
     assert run.proc.poll() is None, run.stderr
 
 
+def _restores(place: dict[str, Path], seq: int, **kw) -> None:
+    """Start the counter's run again: it must restore snapshot ``seq``; then kill it."""
+    run = _counter(place, 100000, **kw)
+    try:
+        wait_for(lambda: "restored snapshot" in run.stderr or run.proc.poll() is not None,
+                 60, "the restore")
+        assert f"restored snapshot seq {seq} " in run.stderr, run.stderr
+    finally:
+        run.kill()
+
+
 def test_killed_training_resumes_from_its_snapshot_bit_identical(place: dict[str, Path]) -> None:
     """DataLoader(num_workers=2, shuffle), a metrics file in append mode, stdout logging; the
     supervisor is SIGKILLed after a snapshot and a second run resumes mid-training."""
@@ -157,13 +168,7 @@ def test_a_workload_killed_just_before_its_run_is_signalled_ends_preempted_not_f
     with open_store(str(place["store"]), create=False) as store:
         (outcome,) = store.outcomes(Key.parse("dag/task/1"))
     assert outcome.outcome.value == "preempted" and outcome.detail["exit_code"] == 76, outcome
-    again = _counter(place, 100000)
-    try:
-        wait_for(lambda: "restored snapshot seq" in again.stderr or again.proc.poll() is not None,
-                 60, "the restore")
-        assert f"restored snapshot seq {kept} " in again.stderr, again.stderr
-    finally:
-        again.kill()
+    _restores(place, kept)
 
 
 def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_continues(
@@ -327,13 +332,7 @@ def test_excluded_snapshots_are_not_restored(place: dict[str, Path]) -> None:
     wait_for(lambda: gone(first.child_pid()), 10, "the workload to die")
     with open_store(str(place["store"]), create=False) as store:
         newest, previous = [i.seq for i in store.snapshots(Key.parse("dag/task/1"))[:2]]
-    second = _counter(place, 100000, env={"CAIRN_EXCLUDE_SEQS": str(newest)})
-    try:
-        wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None,
-                 60, "the restore")
-        assert f"restored snapshot seq {previous} " in second.stderr, second.stderr
-    finally:
-        second.kill()
+    _restores(place, previous, env={"CAIRN_EXCLUDE_SEQS": str(newest)})
     with open_store(str(place["store"]), create=False) as store:
         assert store.tries(Key.parse("dag/task/1"))[-1].resumed_from == previous
 
