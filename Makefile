@@ -168,6 +168,30 @@ $(LOWEST_STAMP): pyproject.toml $(LOWEST_PINS)
 	$(LOWEST_VENV)/bin/python -m pip check
 	touch $@
 
+## The toy store backend (tests/support/toy_store): a test-only distribution that plugs a store
+## kind cairn does not know in through the `cairn.stores` entry point, as a third party's would
+## (tests/integration/store/test_store_plugin.py; every store test runs on it too). Built once
+## into a wheel (no dependencies), installed into each environment whose suites use it before
+## they start; never by `make setup`. A .venv-newest that is only the SAME_AS_MAIN marker has no
+## interpreter and gets none.
+TOY_SRC    := $(wildcard tests/support/toy_store/pyproject.toml tests/support/toy_store/cairn_toy_store/*.py)
+TOY_WHEELS := .cache/toy-store-wheel
+$(TOY_WHEELS)/.built: $(TOY_SRC) | $(STAMP)
+	rm -rf $(TOY_WHEELS) tests/support/toy_store/build
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w $(TOY_WHEELS) ./tests/support/toy_store
+	rm -rf tests/support/toy_store/build tests/support/toy_store/*.egg-info
+	touch $@
+
+%/.toy-store.installed: %/.installed $(TOY_WHEELS)/.built
+	@if [ -x $*/bin/python ]; then \
+		$*/bin/python -m pip install --quiet --no-compile --no-deps --force-reinstall \
+			$(TOY_WHEELS)/cairn_toy_store-*.whl; fi
+	touch $@
+
+TOY_main    := $(VENV)/.toy-store.installed
+TOY_airflow := $(AF_VENV)/.toy-store.installed
+TOY_range   := $(LOWEST_VENV)/.toy-store.installed $(NEWEST_VENV)/.toy-store.installed
+
 ## make constraints: re-resolve the main, Airflow and KFP environments from scratch in
 ## temporary venvs, with the newest releases their requirements allow, and rewrite their
 ## constraints files (ENVS="main kfp" for some). Run it to take new releases on purpose; review
@@ -246,10 +270,10 @@ NICE_main     := 8
 NICE_range    := 10
 NICE_airflow  := 4
 NICE_isolated := 0
-lane-main: $(STAMP) $(SYSTEM)
-lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(KFP_STAMP) $(SYSTEM)
-lane-airflow: $(AF_STAMP) $(SYSTEM)
-lane-isolated: $(STAMP) $(AF_STAMP) $(SYSTEM)
+lane-main: $(STAMP) $(TOY_main) $(SYSTEM)
+lane-range: $(LOWEST_STAMP) $(NEWEST_STAMP) $(TOY_range) $(KFP_STAMP) $(SYSTEM)
+lane-airflow: $(AF_STAMP) $(TOY_airflow) $(SYSTEM)
+lane-isolated: $(STAMP) $(TOY_main) $(AF_STAMP) $(TOY_airflow) $(SYSTEM)
 
 setup: $(SYSTEM) $(ENVS_BUILT)
 
@@ -287,14 +311,14 @@ alone-%:
 test-kfp: $(KFP_STAMP)
 	@$(MAKE) --no-print-directory side-by-side-kfp
 
-test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP)
+test-airflow: $(CHROMIUM_STAMP) $(CLUSTER_STAMP) $(AF_STAMP) $(TOY_airflow)
 	@$(MAKE) --no-print-directory side-by-side-airflow isolated-airflow
 
-test-range: $(NEWEST_STAMP) $(LOWEST_STAMP)
+test-range: $(NEWEST_STAMP) $(LOWEST_STAMP) $(TOY_range)
 	@$(MAKE) --no-print-directory side-by-side-newest side-by-side-lowest
 
 ## make test-fast: skip the tests marked slow
-test-fast: $(STAMP) $(FAKECUDA)
+test-fast: $(STAMP) $(TOY_main) $(FAKECUDA)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## make demo: the cooperative training DAG on a local Airflow (LocalExecutor, SQLite, local

@@ -28,7 +28,7 @@ from cairn.exceptions import GaveUp, NotFound
 from cairn.policy.history import History
 from cairn.policy.resume import AfterTry, ResumePlan, ResumePolicy, after_try, plan_resume
 from cairn.runtime import endings, env
-from cairn.store import Key
+from cairn.store import Key, url_forms
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class Try:
             log.warning("cairn: this is try %d of %s, but the store %s holds no try of it: if "
                         "an earlier try committed snapshots, this worker does not see that "
                         "store (a volume not mounted here, a local directory on another node: "
-                        "use a store every worker shares, such as gs://); starting from step 0",
-                        try_number, parsed, store)
+                        "use a store every worker shares: %s); starting from step 0",
+                        try_number, parsed, store, url_forms(remote=True))
         log.info("cairn: resume plan for %s: %s", parsed, t.plan.reason)
         return t
 

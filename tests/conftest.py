@@ -64,13 +64,29 @@ def gcs_bucket(gcs_server: str) -> str:
     return name
 
 
-@pytest.fixture(params=["local", "gcs"])
+@pytest.fixture(scope="session")
+def toy_store_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The root of the toy store (``toy://``), a backend cairn does not know: the test-only
+    distribution ``tests/support/toy_store`` plugs it in through the ``cairn.stores`` entry
+    point (make test installs it into every environment that runs this fixture). Set in this
+    process's environment, so the processes a test starts find it too."""
+    root = str(tmp_path_factory.mktemp("toy-store-root"))
+    os.environ["CAIRN_TOY_STORE_ROOT"] = root
+    return root
+
+
+@pytest.fixture(params=["local", "gcs", "toy"])
 def backend_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    """A store URL for each backend; tests using it run once per backend."""
+    """A store URL for each backend (cairn's two, and the plugged-in toy); tests using it run
+    once per backend."""
     if request.param == "local":
         return str(tmp_path / "store")
+    suffix = f"prefix-{uuid.uuid4().hex[:6]}"
+    if request.param == "toy":
+        request.getfixturevalue("toy_store_root")
+        return f"toy://bucket/{suffix}"
     bucket = request.getfixturevalue("gcs_bucket")
-    return f"gs://{bucket}/prefix-{uuid.uuid4().hex[:6]}"
+    return f"gs://{bucket}/{suffix}"
 
 
 @pytest.fixture()

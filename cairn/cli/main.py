@@ -31,6 +31,7 @@ from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, Store
+from cairn.store.kinds import BUILTIN as BUILTIN_KINDS
 from cairn.store.outcomes import parse_iso, try_summaries
 from cairn.store.slotlog import RecordKind
 from cairn.store.store import VerifyReport, describe_shared
@@ -456,6 +457,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 # -- run --------------------------------------------------------------------------------------
 
+# Built from cairn's own kinds: listing the installed distributions' would read every entry
+# point on each start of every command (docs/store-backends.md).
+STORE_HELP = "a directory, file:///path or a bucket (" + ", ".join(
+    k.url_form for k in BUILTIN_KINDS if k.remote) + ", or an installed store backend's form)"
+
 RUN_EPILOG = """exit codes of cairn run: the command's own when it ends by itself (128+N when a
 signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed (with
 --spool: or handed to the sidecar, still uploading when the budget ran out); 76
@@ -519,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, help_text: str, *, json_flag: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("store", metavar="STORE", help="a directory, file:///path or gs://bucket/prefix")
+        p.add_argument("store", metavar="STORE", help=STORE_HELP)
         if json_flag:
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
         p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -595,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        usage="cairn run --store URL --key KEY [options] -- CMD [ARG...]")
     p.add_argument("--store", dest="run_store", default=env.STORE.get(), metavar="URL",
-                   help=f"a directory, file:///path or gs://bucket/prefix (default ${env.STORE})")
+                   help=f"{STORE_HELP} (default ${env.STORE})")
     p.add_argument("--key", default=None,
                    help=f"the work's key, e.g. my-dag/train/run-1 (default ${env.KEY}; in a "
                         "SLURM job slurm/CLUSTER/JOB_ID, or .../ARRAY_JOB_ID/TASK_ID)")

@@ -8,14 +8,14 @@ from cairn.exceptions import CairnError, ConfigError, NotFound
 from cairn.process.doctor import Check, Status
 from cairn.runtime import env
 from cairn.runtime.stores import configured_secret, open_store
-from cairn.store import SecretError
+from cairn.store import SecretError, store_kind
 
 NAME = "store encryption"
 
 
 def store_check(url: str) -> Check:
     """One check of the store at ``url``; never creates it."""
-    bucket = url.startswith("gs://")
+    bucket = store_kind(url).remote
     fix_unencrypted = (f"create a new store with {env.SECRET_FILE} set (`cairn secret new PATH` "
                        "makes one; docs/encryption.md); an existing store keeps its format")
     try:

@@ -39,6 +39,7 @@ from cairn.runtime import channel, env
 from cairn.runtime.choices import coerce_option
 from cairn.k8s.quantity import format_bytes, parse_bytes, round_up_mib
 from cairn.k8s.watchers import MAINTENANCE_LABEL
+from cairn.store import Setting, store_kind, url_forms
 from cairn.store.keys import Key
 
 SIDECAR_NAME = "cairn-sidecar"
@@ -62,12 +63,15 @@ PROCESS_DEFAULT_CAPABILITIES = ("SETPCAP", "SYS_CHROOT")
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 GPU_RESOURCE = "nvidia.com/gpu"
 SPOOL_PATH = f"{SHARED_PATH}/spool"
-# What the store client reads from the environment (cairn.store.gcs and google-auth); the
-# uploading sidecar gets the main container's values. Workload Identity needs none of them.
-STORE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
-             env.SECRET_FILE.name)
-# Settings whose value is a file the uploading sidecar must be able to read too.
-_FILE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", env.SECRET_FILE.name)
+# Every store's secret file (encrypted stores); the uploading sidecar must read it too.
+_SECRET_SETTING = Setting(name=env.SECRET_FILE.name, is_file=True,
+                          fix="mount it from a Secret volume, or pass secret_name= to mount one")
+
+
+def store_env(store: str) -> tuple[Setting, ...]:
+    """What the client of the store at ``store`` reads from the environment (its kind's
+    settings and the secret file): the uploading sidecar gets the main container's values."""
+    return store_kind(store).environment + (_SECRET_SETTING,)
 SECRET_VOLUME_NAME = "cairn-secret"
 SECRET_DIR = "/var/run/cairn-secret"
 SECRET_FILE_NAME = "cairn.secret"
@@ -307,28 +311,29 @@ def _uploader_access(main: dict[str, Any], sidecar: dict[str, Any], store: str) 
     """Give the uploading sidecar what the main container uses to reach the store: the
     credentials settings in its environment (and the volume a key file is on), or for a store
     on a mounted volume, that volume at the same path."""
-    wanted = [dict(e) for e in main.get("env") or [] if e.get("name") in STORE_ENV]
+    settings = {s.name: s for s in store_env(store)}
+    wanted = [dict(e) for e in main.get("env") or [] if e.get("name") in settings]
     mounts: list[dict[str, Any]] = []
     for e in wanted:
-        if e["name"] in _FILE_ENV and isinstance(e.get("value"), str):
+        setting = settings[e["name"]]
+        if setting.is_file and isinstance(e.get("value"), str):
             mount = _mount_for(main, e["value"])
             if mount is None:
                 raise ConfigError(
                     f"{e['name']}={e['value']} is not on a volume container "
                     f"{main.get('name')!r} mounts, so the uploading sidecar cannot read it: "
-                    + ("mount the key from a Secret volume, or use Workload Identity (no key "
-                       "file)" if e["name"] == "GOOGLE_APPLICATION_CREDENTIALS" else
-                       "mount it from a Secret volume, or pass secret_name= to mount one"))
+                    f"{setting.fix}")
             mounts.append({**mount, "readOnly": True})
-    if "://" not in store or store.startswith("file://"):
-        path = store[len("file://"):] if store.startswith("file://") else store
+    kind = store_kind(store)
+    path = kind.path_of(store)
+    if not kind.remote and path is not None:
         mount = _mount_for(main, path)
         if mount is None:
             warnings.warn(StoreAccessWarning(
                 f"store {store!r} is not on a volume container {main.get('name')!r} mounts: "
                 "the uploading sidecar would write it into its own filesystem, which dies with "
                 "the pod. Mount a persistent volume there (the sidecar gets it too), or use "
-                "gs://"), stacklevel=3)
+                f"a bucket ({url_forms(remote=True)})"), stacklevel=3)
         else:
             mounts.append(dict(mount))
     if wanted:
@@ -342,11 +347,12 @@ def _uploader_access(main: dict[str, Any], sidecar: dict[str, Any], store: str) 
 
 def _check_store(store: str) -> str:
     if not isinstance(store, str) or not store.strip():
-        raise ConfigError("store= is empty; give gs://BUCKET/PREFIX (or a path on a mounted "
-                          "persistent volume)")
-    scheme = store.split("://", 1)[0] if "://" in store else ""
-    if scheme not in ("", "file", "gs"):
-        raise ConfigError(f"store {store!r}: cairn stores are gs://BUCKET/PREFIX or a path")
+        raise ConfigError(f"store= is empty; give a bucket ({url_forms(remote=True)}) or a "
+                          "path on a mounted persistent volume")
+    try:
+        store_kind(store)
+    except ConfigError as e:
+        raise ConfigError(f"store= {e}") from None
     return store.strip()
 
 
@@ -516,7 +522,7 @@ def with_snapshot_sidecar(
     (1.125 × the state, ADR 0006) to the memory. ``watch_node_label`` needs a service account
     bound to
     :func:`node_reader_rbac`. In process mode the sidecar uploads what ``cairn run`` spools
-    (ADR 0014) and gets the main container's store settings (``STORE_ENV``, the volume of a key
+    (ADR 0014) and gets the main container's store settings (:func:`store_env`, the volume of a key
     file or of a path store; a :class:`StoreAccessWarning` when a path store is on no volume).
     ``secret_name``: a Kubernetes Secret whose item ``secret_key`` is the encrypted store's
     secret file (``cairn secret new PATH``; ``kubectl create secret generic NAME

@@ -84,7 +84,7 @@ from cairn.process.images import read_dump_stats, read_unix_socket_paths
 from cairn.process.log_echo import LogEcho
 from cairn.process.spool_client import SpoolClient
 from cairn.runtime.stores import open_store
-from cairn.store import Key, Manifest, SnapshotMode, Store
+from cairn.store import Key, Manifest, SnapshotMode, Store, store_kind
 from cairn.runtime import channel, env
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
@@ -204,7 +204,7 @@ def unauthenticated_root_restore(store: Store, *, euid: int | None = None,
     whoever can write the bucket's choice (ADR 0025), unless the operator opted out."""
     if (euid if euid is not None else os.geteuid()) != 0 or store.encrypted:
         return None
-    if not store.url.startswith("gs://") or env.ALLOW_UNAUTHENTICATED_RESTORE.get(environ) == "1":
+    if not store_kind(store.url).remote or env.ALLOW_UNAUTHENTICATED_RESTORE.get(environ) == "1":
         return None
     return (f"refusing to run as root on the unencrypted store {store.url}: a restore would run "
             "as root whatever anyone who can write the bucket put in a snapshot. Use an "

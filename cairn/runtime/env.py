@@ -40,10 +40,11 @@ class Var:
         return self.name
 
 
-STORE = Var("CAIRN_STORE", "the store URL: a directory or `gs://BUCKET/PREFIX`",
+STORE = Var("CAIRN_STORE", "the store URL: a directory or a bucket's URL (the forms: "
+            "docs/store-backends.md)",
             "every integration", "`Checkpointer.from_env()`, KFP components")
 STORE_CONNECT_TIMEOUT = Var(
-    "CAIRN_STORE_CONNECT_TIMEOUT", "how long the first contact with a `gs://` store (opening "
+    "CAIRN_STORE_CONNECT_TIMEOUT", "how long the first contact with a remote store (opening "
     "it, as a try starts) may take, retries included, before the try fails as unreachable "
     "(exit 6), a duration like `30s`", "the user (an operator's env= too)",
     "every process that opens a store", default="30s")
@@ -108,7 +109,7 @@ SECRET_FILE = Var("CAIRN_SECRET_FILE", "the secret file (`cairn secret new PATH`
                   "integrations")
 ALLOW_UNAUTHENTICATED_RESTORE = Var(
     "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE", "`1`: let `cairn run` as root restore a process "
-    "snapshot from an unencrypted `gs://` store (refused otherwise: whoever can write the "
+    "snapshot from an unencrypted remote store (refused otherwise: whoever can write the "
     "bucket would choose what runs as root)", "the operator", "`cairn run` (restore)")
 K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a Job pod's namespace (downward API), for its key",
                     "the pod transform (Jobs, JobSets)", "the key's `$(VAR)` expansion")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from cairn.exceptions import StoreUnreachable
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.env import SECRET_FILE, STORE_CONNECT_TIMEOUT
-from cairn.store import Secret, SecretError, Store, StoreSettings, load_secret_file
+from cairn.store import Secret, SecretError, Store, StoreSettings, load_secret_file, store_kind
 from cairn.store import open_store as _open_store
 
 
@@ -49,7 +49,7 @@ def open_store(url: str, *, settings: StoreSettings | None = None, create: bool 
         return _open_store(url, settings=settings, create=create, secret=secret,
                            connect_timeout=timeout)
     except StoreUnreachable as e:
-        if not url.strip().startswith("gs://"):
+        if not store_kind(url).remote:
             raise
         raise StoreUnreachable(f"{e} ({STORE_CONNECT_TIMEOUT}={timeout:g}s bounds the wait)",
                                url=e.url, reason=e.reason) from e.__cause__

@@ -15,6 +15,8 @@ from cairn.store.keyring import (
     write_secret_file,
 )
 from cairn.store.keys import Key
+from cairn.store.kind import API_VERSION, ConnectionField, Setting, StoreKind
+from cairn.store.kinds import store_kind, store_kinds, url_forms
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
 from cairn.store.outcomes import TrySummary, try_summaries
 from cairn.store.slotlog import Record, RecordKind
@@ -30,8 +32,10 @@ from cairn.store.store import (
 from cairn.store.writer import SnapshotWriter
 
 __all__ = [
+    "API_VERSION",
     "Attempt",
     "ChunkRef",
+    "ConnectionField",
     "FileEntry",
     "Key",
     "Manifest",
@@ -43,7 +47,9 @@ __all__ = [
     "SnapshotWriter",
     "Secret",
     "SecretError",
+    "Setting",
     "Store",
+    "StoreKind",
     "StoreSettings",
     "TrySummary",
     "VerifyReport",
@@ -52,6 +58,9 @@ __all__ = [
     "open_store",
     "secret_from_text",
     "secret_text",
+    "store_kind",
+    "store_kinds",
     "try_summaries",
+    "url_forms",
     "write_secret_file",
 ]

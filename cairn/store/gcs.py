@@ -49,6 +49,7 @@ from cairn.exceptions import (
     StoreUnreachable,
 )
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
+from cairn.store.kind_gcs import FORM, bucket_and_prefix
 
 if int(storage.__version__.split(".", 1)[0]) < 3:  # pragma: no cover - depends on the install
     # The create path calls Blob._do_multipart_upload, whose 2.x signature differs.
@@ -78,6 +79,16 @@ def _crc32c_b64(data: bytes) -> str:
     return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode("ascii")
 
 
+def open_url(url: str, *, create: bool = True,
+             connect_timeout: float | None = None) -> GCSBackend:
+    """The ``gs`` kind's opener (:mod:`cairn.store.kind_gcs`). A bucket is never created."""
+    del create
+    bucket, prefix = bucket_and_prefix(url)
+    if connect_timeout is None:
+        return GCSBackend(bucket, prefix)
+    return GCSBackend(bucket, prefix, connect_timeout=connect_timeout)
+
+
 class GCSBackend(Backend):
     """Objects in ``gs://bucket/prefix``. See the module docstring for the guarantees.
 
@@ -102,7 +113,7 @@ class GCSBackend(Backend):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if not bucket or "/" in bucket:
-            raise ConfigError(f"invalid bucket name {bucket!r}; give gs://BUCKET/PREFIX")
+            raise ConfigError(f"invalid bucket name {bucket!r}; give {FORM}")
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
         self.url = f"gs://{bucket}/{self.prefix}" if self.prefix else f"gs://{bucket}"

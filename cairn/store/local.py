@@ -5,7 +5,7 @@ A create writes a temporary file in the target directory, fsyncs it, publishes i
 directory. When :meth:`LocalBackend.create` returns, the object survives a power loss.
 
 NFS and FUSE filesystems (gcsfuse among them) do not give ``link()`` and ``fsync`` these
-meanings, so a store on one is refused with a message that names ``gs://``.
+meanings, so a store on one is refused with a message that names the remote stores' forms.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from cairn.exceptions import (
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer, direct_length
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
 from cairn.store.fileops import FileOps, OsFileOps
+from cairn.store.kind_file import path_of
+from cairn.store.kinds import url_forms
 
 TEMP_PREFIX = ".tmp."
 TRASH_PREFIX = ".gc."
@@ -61,13 +63,21 @@ def check_filesystem(path: str) -> None:
     if fs_type.startswith(_REFUSED_FS_PREFIXES):
         raise UnsupportedFilesystem(
             f"the store directory {path!r} is on a {fs_type} filesystem, which cannot publish "
-            "snapshots create-only and durably; use a local disk, or a bucket with "
-            "--store gs://BUCKET/PREFIX instead of a mounted one"
+            f"snapshots create-only and durably; use a local disk, or a bucket "
+            f"({url_forms(remote=True)}) instead of a mounted one"
         )
 
 
 def _version(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_ino}"
+
+
+def open_url(url: str, *, create: bool = True,
+             connect_timeout: float | None = None) -> LocalBackend:
+    """The ``file`` kind's opener (:mod:`cairn.store.kind_file`); a directory has no
+    connect timeout."""
+    del connect_timeout
+    return LocalBackend(path_of(url), create=create)
 
 
 class LocalBackend(Backend):

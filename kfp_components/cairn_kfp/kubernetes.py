@@ -3,7 +3,7 @@
 ::
 
     t = train(entrypoint="my_pkg.train:main")
-    use_gcs_store(t, "gs://my-bucket/cairn")
+    use_bucket_store(t, "gs://my-bucket/cairn")
     use_spot_nodes(t)
     set_deadline(t, hours=12)
     set_retries(t, 5, backoff="60s")
@@ -26,25 +26,32 @@ from cairn.runtime import env as contract
 #: The pod label the mutation policy in ``deploy/cairn-process-mode-policy.yaml`` matches.
 PROCESS_MODE_LABEL = "cairn.dev/process-mode"
 SPOT_LABEL = "cloud.google.com/gke-spot"
-#: GKE schedules Workload Identity pods only on nodes that run the GKE metadata server.
-WORKLOAD_IDENTITY_NODE_LABEL = "iam.gke.io/gke-metadata-server-enabled"
 _DURATION = re.compile(r"^\d+(\.\d+)?s$")
 
 
-def use_gcs_store(task: PipelineTask, url: str) -> PipelineTask:
-    """Point the task at a ``gs://`` store (``CAIRN_STORE``) reached through Workload Identity.
+def use_bucket_store(task: PipelineTask, url: str) -> PipelineTask:
+    """Point the task at a bucket store (``CAIRN_STORE``) reached without a key file.
 
-    No key file: the run's Kubernetes service account (KFP: ``service_account=`` when the run
-    is created; default ``pipeline-runner``) is bound to a Google service account with
-    ``roles/iam.workloadIdentityUser``, and that one holds ``roles/storage.objectUser`` on the
-    bucket. The task is pinned to nodes that run the GKE metadata server.
+    For ``gs://``, through Workload Identity: the run's Kubernetes service account (KFP:
+    ``service_account=`` when the run is created; default ``pipeline-runner``) is bound to a
+    Google service account with ``roles/iam.workloadIdentityUser``, and that one holds
+    ``roles/storage.objectUser`` on the bucket; the task is pinned to nodes that run the GKE
+    metadata server (the store kind's node selector). For a volume use :func:`use_pvc_store`.
     """
-    if not isinstance(url, str) or not url.startswith("gs://") or len(url) <= len("gs://"):
-        raise ConfigError(f"use_gcs_store needs a gs://BUCKET[/PREFIX] URL, got {url!r}; for "
-                          "a volume use use_pvc_store")
-    task.set_env_variable(contract.STORE.name, url)
-    kubernetes.add_node_selector(task, label_key=WORKLOAD_IDENTITY_NODE_LABEL, label_value="true")
+    from cairn.store import store_kind, url_forms
+
+    kind = store_kind(url) if isinstance(url, str) and url.strip() else None
+    if kind is None or not kind.remote:
+        raise ConfigError(f"use_bucket_store needs a bucket URL ({url_forms(remote=True)}), "
+                          f"got {url!r}; for a volume use use_pvc_store")
+    task.set_env_variable(contract.STORE.name, url.strip())
+    for label, value in kind.node_selector:
+        kubernetes.add_node_selector(task, label_key=label, label_value=value)
     return task
+
+
+#: The name of :func:`use_bucket_store` in pipelines written when GCS was the only bucket.
+use_gcs_store = use_bucket_store
 
 
 def use_pvc_store(task: PipelineTask, pvc_name: str, *,

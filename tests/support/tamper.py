@@ -1,4 +1,4 @@
-"""Damage stored objects behind the store's back, on either backend (for corruption tests)."""
+"""Damage stored objects behind the store's back, on each backend (for corruption tests)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ def overwrite(backend: Backend, name: str, data: bytes) -> None:
     """Replace object ``name`` with ``data`` unconditionally (what bit rot or a bad disk does);
     ``data`` is stored as given, never sealed."""
     backend = raw(backend)
-    if isinstance(backend, LocalBackend):
-        path = os.path.join(backend.root, name)
+    if isinstance(backend, LocalBackend) or backend.url.startswith("toy://"):
+        path = os.path.join(backend.root, name) if isinstance(backend, LocalBackend) else \
+            backend._file(name)  # the toy store (tests/support/toy_store): one file an object
         os.chmod(path, 0o644)
         with open(path, "r+b") as f:
             f.truncate(0)

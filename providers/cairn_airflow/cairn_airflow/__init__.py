@@ -50,6 +50,32 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def _connection_type() -> dict[str, Any]:
+    """The ``cairn`` connection's form: the store URL, then each store kind's own fields."""
+    from cairn.store import store_kinds, url_forms
+
+    fields: dict[str, Any] = {"store_url": {
+        "label": "Store URL",
+        "description": f"A directory or a bucket: {url_forms()}",
+        "schema": {"type": ["string", "null"]},
+    }}
+    for kind in store_kinds():
+        for f in kind.connection_fields:
+            fields[f.extra] = {"label": f.label, "description": f.description,
+                               "schema": {"type": ["string", "null"]}}
+    return {
+        "connection-type": "cairn",
+        "hook-class-name": "cairn_airflow.hooks.CairnHook",
+        "hook-name": "cairn store",
+        "conn-fields": fields,
+        "ui-field-behaviour": {
+            "hidden-fields": ["schema", "login", "password", "port"],
+            "relabeling": {"host": "Store URL (or set it in the field below)"},
+            "placeholders": {"host": url_forms()},
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """What Airflow's providers manager reads through the ``apache_airflow_provider`` entry point
     (``package-name`` must equal the distribution name)."""
@@ -64,30 +90,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "cairn", "python-modules": ["cairn_airflow.operators",
                                                                      "cairn_airflow.command",
                                                                      "cairn_airflow.kubernetes"]}],
-        "connection-types": [{
-            "connection-type": "cairn",
-            "hook-class-name": "cairn_airflow.hooks.CairnHook",
-            "hook-name": "cairn store",
-            "conn-fields": {
-                "store_url": {
-                    "label": "Store URL",
-                    "description": "A directory (/data/cairn, file:///data/cairn) or a bucket "
-                                   "prefix (gs://BUCKET/PREFIX)",
-                    "schema": {"type": ["string", "null"]},
-                },
-                "gcs_keyfile_path": {
-                    "label": "GCS key file path",
-                    "description": "A service-account JSON key file on the worker; empty: "
-                                   "Workload Identity or the worker's default credentials",
-                    "schema": {"type": ["string", "null"]},
-                },
-            },
-            "ui-field-behaviour": {
-                "hidden-fields": ["schema", "login", "password", "port"],
-                "relabeling": {"host": "Store URL (or set it in the field below)"},
-                "placeholders": {"host": "gs://BUCKET/PREFIX or /data/cairn"},
-            },
-        }],
+        "connection-types": [_connection_type()],
         "task-decorators": [{"name": "cairn", "class-name": "cairn_airflow.decorators.cairn_task"}],
         "extra-links": ["cairn_airflow.plugins.links.CairnSnapshotsLink"],
     }

@@ -1,8 +1,9 @@
 """The ``cairn`` connection type: which store a task's snapshots go to.
 
 A connection (``cairn_default`` unless a task names another) gives the store URL in its
-``host`` or in the extra ``store_url`` (a directory, ``file://`` or ``gs://BUCKET/PREFIX``),
-and optionally ``gcs_keyfile_path``, a service-account key file on the worker. An encrypted
+``host`` or in the extra ``store_url`` (a directory, or a bucket in any form an installed
+store kind accepts: :func:`cairn.store.url_forms`), and optionally the fields that store's kind
+declares (``gcs_keyfile_path`` for GCS, a service-account key file on the worker). An encrypted
 store (docs/encryption.md) takes its secret from the extra ``secret`` (the text of a secret
 file: ``cairn secret new PATH``; Airflow keeps extras encrypted and masks a field of that name
 in logs) or ``secret_file_path`` (a secret file on the worker). Only those extras are read; any
@@ -29,7 +30,8 @@ from cairn.exceptions import ConfigError
 from cairn.runtime.env import SECRET_FILE
 
 DEFAULT_CONN_ID = "cairn_default"
-ALLOWED_EXTRAS = frozenset({"store_url", "gcs_keyfile_path", "secret", "secret_file_path"})
+#: The extras every connection may have; each store kind adds its own connection fields.
+COMMON_EXTRAS = frozenset({"store_url", "secret", "secret_file_path"})
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StoreConfig:
     """Where snapshots go. ``env``: variables the task process and its children need for the
-    store (``GOOGLE_APPLICATION_CREDENTIALS``); ``source``: where the URL came from."""
+    store (its kind's connection fields, the secret file); ``source``: where the URL came from."""
 
     url: str
     env: Mapping[str, str] = field(default_factory=dict)
@@ -62,11 +64,15 @@ def _extra(extras: Mapping[str, Any], name: str) -> str | None:
 
 def store_config_from_connection(conn: Any) -> StoreConfig:
     """The store a ``cairn`` connection names. Raises ConfigError when it names none, or two."""
+    from cairn.store import store_kind, store_kinds, url_forms
+
     extras: Mapping[str, Any] = conn.extra_dejson or {}
-    ignored = sorted(k for k in extras if k.removeprefix("extra__cairn__") not in ALLOWED_EXTRAS)
+    fields = {f.extra: (kind, f) for kind in store_kinds() for f in kind.connection_fields}
+    allowed = COMMON_EXTRAS | set(fields)
+    ignored = sorted(k for k in extras if k.removeprefix("extra__cairn__") not in allowed)
     if ignored:
         log.warning("connection %r: ignoring extras %s (cairn reads only %s)", conn.conn_id,
-                    ignored, sorted(ALLOWED_EXTRAS))
+                    ignored, sorted(allowed))
     from_extra = _extra(extras, "store_url")
     from_host = (conn.host or "").strip() or None
     if from_extra and from_host and from_extra != from_host:
@@ -75,14 +81,15 @@ def store_config_from_connection(conn: Any) -> StoreConfig:
     url = from_extra or from_host
     if not url:
         raise ConfigError(f"connection {conn.conn_id!r} names no store: set its host or the "
-                          "extra store_url to a directory or gs://BUCKET/PREFIX")
+                          f"extra store_url to {url_forms()}")
     env = {}
-    keyfile = _extra(extras, "gcs_keyfile_path")
-    if keyfile:
-        if not url.startswith("gs://"):
-            raise ConfigError(f"connection {conn.conn_id!r}: gcs_keyfile_path is set but the "
-                              f"store {url!r} is not on GCS")
-        env["GOOGLE_APPLICATION_CREDENTIALS"] = keyfile
+    for name, (kind, connection_field) in fields.items():
+        value = _extra(extras, name)
+        if value:
+            if store_kind(url) != kind:
+                raise ConfigError(f"connection {conn.conn_id!r}: {name} is set but the store "
+                                  f"{url!r} is not on {kind.title}")
+            env[connection_field.env] = value
     secret, secret_path = _extra(extras, "secret"), _extra(extras, "secret_file_path")
     if secret and secret_path:
         raise ConfigError(f"connection {conn.conn_id!r} gives the secret twice (extras secret "

@@ -40,6 +40,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import env as contract
+from cairn.store import store_kind, url_forms
 
 TERMINAL_RUN_STATES = {"success", "failed"}
 # Longer than any run of the stack: a dead worker's task comes back through the heartbeat
@@ -97,9 +98,9 @@ class AirflowStack:
         except ValueError:
             raise ConfigError(f"executor {executor!r}: use one of "
                               f"{', '.join(e.value for e in Executor)}") from None
-        if self.executor is Executor.CELERY and not str(store).startswith("gs://"):
+        if self.executor is Executor.CELERY and not store_kind(str(store)).remote:
             raise ConfigError(f"a Celery cluster's nodes share no disk: store {store} must be "
-                              "a gs:// URL (a GCS server every node reaches)")
+                              f"a bucket every node reaches ({url_forms(remote=True)})")
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

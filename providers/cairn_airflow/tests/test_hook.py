@@ -34,7 +34,7 @@ def test_two_stores_or_none_are_refused() -> None:
 def test_gcs_keyfile_becomes_the_credentials_variable() -> None:
     config = store_config_from_connection(_conn("gs://b/p", gcs_keyfile_path="/secrets/key.json"))
     assert config.env == {"GOOGLE_APPLICATION_CREDENTIALS": "/secrets/key.json"}
-    with pytest.raises(ConfigError, match="not on GCS"):
+    with pytest.raises(ConfigError, match="is not on Google Cloud Storage"):
         store_config_from_connection(_conn("/local", gcs_keyfile_path="/secrets/key.json"))
 
 

@@ -17,7 +17,7 @@ from kubernetes_validate.utils import latest_version
 
 from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
-from cairn.k8s.transform import SIDECAR_UID, STORE_ENV
+from cairn.k8s.transform import SIDECAR_UID, store_env
 
 IMAGE = "registry.example/cairn-sidecar:0.1.0"
 KEY_DIR = "/var/secrets/gcp"
@@ -28,6 +28,8 @@ _CREDENTIAL = re.compile(r"PRIVATE KEY|\"private_key\"|[Bb]earer |[?&](token|sig
 _CREDENTIAL_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|PRIVATE|ACCESS_KEY|API_KEY",
                               re.IGNORECASE)
 # Settings whose value is the path of a secret file, which must be on a read-only volume.
+#: What the gs:// store every spec here uses reads from the environment.
+STORE_SETTINGS = frozenset(s.name for s in store_env("gs://bucket/cairn"))
 _FILE_SETTINGS = ("GOOGLE_APPLICATION_CREDENTIALS", "CAIRN_SECRET_FILE")
 
 
@@ -111,7 +113,7 @@ def _credential_problems(given: dict[str, Any], out: dict[str, Any]) -> tuple[li
             elif name in _FILE_SETTINGS:
                 # A path, on a volume this container mounts read-only: the key is a file.
                 mount = next((m for p, m in mounts.items() if value.startswith(p + "/")), None)
-                if name not in STORE_ENV or mount is None or mount.get("readOnly") is not True:
+                if name not in STORE_SETTINGS or mount is None or mount.get("readOnly") is not True:
                     problems.append(f"{container['name']}: {value} is not on a read-only mount")
     return problems, added
 
