@@ -43,7 +43,8 @@ from collections.abc import Callable
 from typing import Any
 
 from benchenv import drop_caches, fsync_path, loadavg, remove
-from cairn.store import Key, Store, StoreSettings, open_store
+from cairn.store import Key, Store, StoreSettings
+from cairn import open_store
 from cairn.store.keyring import new_secret
 
 KEY = Key.parse("bench/encryption/run")

@@ -120,7 +120,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from cairn.policy import CapacityOption, History, decide, place_as_asked
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn_airflow.triggers import CairnResumeTrigger
 
     spot = CapacityOption.gke_spot("l4-spot", price_per_hour=0.35)
@@ -134,7 +135,7 @@ def main() -> int:
         running = kind(store_url, first.env(), args, Path(tmp))
         running.wait_for("step 2 ")
         with open_store(store_url) as store:
-            asked = store.request_suspend(key, by="bench", reason="move")
+            asked = store.records.request_suspend(key, by="bench", reason="move")
         out = running.proc.communicate(timeout=600)[0]
         if running.proc.returncode != 77:
             raise SystemExit(f"the first try ended {running.proc.returncode}, not 77:\n{out}")
@@ -148,7 +149,7 @@ def main() -> int:
         def resume() -> None:  # the operator, while the trigger has been polling for a while
             with open_store(store_url) as store:
                 resumed_at.append(time.time())
-                store.request_resume(key, by="bench", placement=on_demand.name)
+                store.records.request_resume(key, by="bench", placement=on_demand.name)
 
         async def first_event() -> dict:
             loop = asyncio.get_running_loop()
@@ -176,7 +177,7 @@ def main() -> int:
         moving.proc.terminate() if args.process else moving.proc.kill()
         moving.proc.communicate(timeout=300)
         with open_store(store_url) as store:
-            outcomes = store.outcomes(key)
+            outcomes = store.records.outcomes(key)
         rows = [("trigger fires", t1 - t0), ("placement", t2 - t1)]
         if args.process:
             rows += [("cairn run: restore + first step", stepped - t2)]

@@ -213,14 +213,15 @@ def trace_from_store(url: str, keys: Sequence[str] | None = None) -> Trace:
     Each key's events are timed from that key's first try; the period spans the longest key's
     recorded history.
     """
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     events: list[TraceEvent] = []
     span = 0.0
     with open_store(url, create=False) as store:
         chosen = [Key.parse(k) for k in keys] if keys else store.keys()
         for key in chosen:
-            outcomes = store.outcomes(key)
+            outcomes = store.records.outcomes(key)
             if not outcomes:
                 continue
             events += trace_rows_from_outcomes(outcomes)

@@ -175,7 +175,8 @@ from cairn.state import capture
 from cairn.state.checkpointer import Checkpointer, PersistMode, SnapshotPolicy
 from cairn.state.staging import StagingBuffer, plan
 from cairn.state.writer_process import WriterProcess
-from cairn.store import Key, Store, StoreSettings, open_store
+from cairn.store import Key, Store, StoreSettings
+from cairn import open_store
 
 KEY = Key.parse("bench/state/run")
 PAGE = mmap.PAGESIZE

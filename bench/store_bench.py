@@ -75,7 +75,8 @@ from benchenv import (  # bench/ is on sys.path when run as a script
     store_write_parts,
     timed_attributes,
 )
-from cairn.store import Key, Store, StoreSettings, open_store
+from cairn.store import Key, Store, StoreSettings
+from cairn import open_store
 from cairn.store.fileops import OsFileOps
 from cairn.store.hashing import digest
 from cairn.store.packs import PACKS_PREFIX

@@ -37,7 +37,7 @@ run cairn ls "$store" "$key"
 say "corrupt one byte of a chunk that only the newest snapshot has"
 python - "$root/store" "$key" <<'PY'
 import sys
-from cairn.store import Key, open_store
+from cairn import Key, open_store
 store = open_store(sys.argv[1], create=False)
 key = Key.parse(sys.argv[2])
 newest, older = [i.manifest for i in store.snapshots(key)][:2]

@@ -45,7 +45,8 @@ def progress_rows(path: Path) -> list[tuple[int, int, float]]:
 
 
 def snapshots(store: str, key: tuple[str, ...]) -> list:  # noqa: ANN001
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     try:
         with open_store(store, create=False) as s:
@@ -56,7 +57,8 @@ def snapshots(store: str, key: tuple[str, ...]) -> list:  # noqa: ANN001
 
 def outcome_hosts(store: str, key: tuple[str, ...]) -> list[tuple[int, str, str]]:
     """(epoch, outcome, the host name that wrote it) per outcome record."""
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.outcomes import outcomes_prefix
 
     with open_store(store, create=False) as s:

@@ -123,7 +123,8 @@ def store_secret(request: pytest.FixtureRequest):  # noqa: ANN201 - a Secret or 
 def store(backend_url: str, store_secret):  # noqa: ANN001, ANN201 - a cairn Store
     """A fresh store on each backend, unencrypted and encrypted, with small chunks (64 KiB)
     and packs (256 KiB)."""
-    from cairn.store import StoreSettings, open_store
+    from cairn.store import StoreSettings
+    from cairn import open_store
 
     s = open_store(backend_url, settings=StoreSettings(max_chunk_bytes=64 << 10, pack_bytes=256 << 10),
                    secret=store_secret)

@@ -116,7 +116,7 @@ def _key_summary(store: Store, key: Key) -> dict[str, Any]:
     snaps = store.snapshots(key)
     last = records[-1] if records else None
     state = "done" if last is not None and last.kind is RecordKind.DONE else "active"
-    held = store.suspension(key)
+    held = store.records.suspension(key)
     if held is not None:
         state = held.state.value
     newest = snaps[0].manifest if snaps else None
@@ -138,7 +138,7 @@ def _tries(store: Store, key: Key, records: Sequence[Any]) -> list[dict[str, Any
     """What each try of ``key`` did, oldest first, kept through retention (docs/adr/0031):
     its summary, the steps its resume did not redo and the time that saved (at the tries'
     median measured pace), and how it ended (the outcome record's kind; None without one)."""
-    outcomes = {o.epoch: o for o in store.outcomes(key)}
+    outcomes = {o.epoch: o for o in store.records.outcomes(key)}
     summaries = try_summaries(records, outcomes.values())
     paces = sorted(v.seconds_per_step for v in summaries.values()
                    if v.seconds_per_step is not None)
@@ -202,7 +202,7 @@ def cmd_ls(args: argparse.Namespace, store: Store) -> int:
         lines.append(f"{r['seq']:>5} {r['kind']:5} {r['epoch']:>5} {r['created_at']:27} "
                      f"{_dash(r.get('step')):>8} {_size_or_dash(r.get('bytes_logical')):>10} "
                      f"{_size_or_dash(r.get('bytes_written')):>10}")
-    held = store.suspension(key)
+    held = store.records.suspension(key)
     lines += _suspension_lines(held.to_json() if held is not None else None)
     lines += ["", *_tries_lines(_tries(store, key, records))]
     # The JSON form stays a list of records (scripts read it); the suspension and the tries
@@ -332,14 +332,14 @@ def _verify_lines(report: VerifyReport) -> list[str]:
 def cmd_request(args: argparse.Namespace, store: Store) -> int:
     """``suspend`` or ``resume``: make the request, or show the one already made."""
     key = Key.parse(args.key)
-    before = store.suspension(key)
+    before = store.records.suspension(key)
     if args.command == "suspend":
-        request = store.request_suspend(key, reason=args.reason)
+        request = store.records.request_suspend(key, reason=args.reason)
         made = before is None or before.suspend != request
         then = ("the running try takes a final snapshot and stops at its next poll (state "
                 "mode: at the next step)")
     else:
-        request = store.request_resume(key, reason=args.reason, placement=args.placement)
+        request = store.records.request_resume(key, reason=args.reason, placement=args.placement)
         made = before is None or before.resume != request
         then = "its next try resumes from the suspend snapshot"
         if request.placement is not None:

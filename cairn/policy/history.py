@@ -33,7 +33,7 @@ class History:
 
     @classmethod
     def from_store(cls, store: Store, key: Key) -> History:
-        return cls(tuple(store.outcomes(key)), tuple(store.tries(key)))
+        return cls(tuple(store.records.outcomes(key)), tuple(store.records.tries(key)))
 
     def with_outcome(self, outcome: Outcome) -> History:
         return History((*self.outcomes, outcome), self.tries)

@@ -10,16 +10,12 @@ could ever fit it.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cairn.exceptions import NotSnapshottable
-
-if TYPE_CHECKING:  # staging imports doctor, which takes its D2H figure from here
-    from cairn.process.staging import Headroom
 
 # An assumed effective device-to-host rate for the checkpoint copy: PCIe Gen4 x16 peaks near
 # 25 GB/s and the driver's copy sees less. The same figure cairn doctor's estimates use.
@@ -62,16 +58,5 @@ def check_periodic(gpu_bytes: int, history: Iterable[Mapping[str, Any]], *,
             "mode (cairn.Checkpointer)")
 
 
-def after_gpu_copy(headroom: Headroom, gpu_bytes: int) -> Headroom:
-    """The memory left for a staged image once the driver has copied ``gpu_bytes`` of device
-    memory into the workload: charged to the same cgroup and taken from MemAvailable (not from
-    the tmpfs's own space), so a dump staged in memory needs room for both."""
-    def less(value: int | None) -> int | None:
-        return None if value is None else max(0, value - gpu_bytes)
-
-    return dataclasses.replace(headroom, cgroup_bytes=less(headroom.cgroup_bytes),
-                               available_bytes=less(headroom.available_bytes))
-
-
-__all__ = ["DEFAULT_D2H_BYTES_PER_S", "CopyEstimate", "after_gpu_copy", "check_periodic",
+__all__ = ["DEFAULT_D2H_BYTES_PER_S", "CopyEstimate", "check_periodic",
            "estimate"]

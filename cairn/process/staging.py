@@ -25,6 +25,7 @@ point them at a fake tree; the defaults are the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import shutil
@@ -80,6 +81,17 @@ class Headroom:
                  ("the tmpfs's free space", self.tmpfs_free_bytes))
         known = [(b, name) for name, b in named if b is not None]
         return min(known)[1] if known else "nothing readable"
+
+
+def after_gpu_copy(headroom: Headroom, gpu_bytes: int) -> Headroom:
+    """The memory left for a staged image once the driver has copied ``gpu_bytes`` of device
+    memory into the workload: charged to the same cgroup and taken from MemAvailable (not from
+    the tmpfs's own space), so a dump staged in memory needs room for both."""
+    def less(value: int | None) -> int | None:
+        return None if value is None else max(0, value - gpu_bytes)
+
+    return dataclasses.replace(headroom, cgroup_bytes=less(headroom.cgroup_bytes),
+                               available_bytes=less(headroom.available_bytes))
 
 
 def _under(root: str, path: str) -> str:

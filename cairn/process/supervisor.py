@@ -779,7 +779,7 @@ class Supervisor:
                 self._gpu_use.total if gpu and self._gpu_use else 0)
         headroom = None
         if gpu and self._gpu_use:  # the GPU copy lands in the same memory as a tmpfs image
-            headroom = gpu_budget.after_gpu_copy(
+            headroom = staging_mod.after_gpu_copy(
                 staging_mod.memory_headroom(self._memory_staging), self._gpu_use.total)
         choice = staging_mod.choose_staging(self.settings.staging, image_bytes=last,
                                             estimate_bytes=estimate,

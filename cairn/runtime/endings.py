@@ -131,7 +131,7 @@ def try_summary(store: Any, key: Any, epoch: int, *, last_seq: int | None = None
 
 
 def record_best_effort(store: Any, key: Any, outcome: Outcome) -> bool:
-    """``store.record_outcome(key, outcome)``, logging instead of raising (module docstring).
+    """``store.records.record_outcome(key, outcome)``, logging instead of raising (module docstring).
     The placement the try ran with (``$CAIRN_PLACEMENT_OPTION``/``_REASON``, and the step's
     options, ``$CAIRN_PLACEMENT_OPTIONS``) is taken from the environment when the outcome has
     none; an outcome without a summary gets the slot log's (:func:`try_summary`). Returns
@@ -145,7 +145,7 @@ def record_best_effort(store: Any, key: Any, outcome: Outcome) -> bool:
     if outcome.summary is None:
         outcome = dataclasses.replace(outcome, summary=try_summary(store, key, outcome.epoch))
     try:
-        store.record_outcome(key, with_slurm_job(outcome))
+        store.records.record_outcome(key, with_slurm_job(outcome))
         return True
     except Exception as e:  # noqa: BLE001 - see the docstring
         log.warning("key %s: could not record try %d's outcome (%s): %s", key, outcome.epoch,

@@ -19,7 +19,6 @@ from cairn.exceptions import StoreUnreachable
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.env import SECRET_FILE, STORE_CONNECT_TIMEOUT
 from cairn.store import Secret, SecretError, Store, StoreSettings, load_secret_file, store_kind
-from cairn.store import open_store as _open_store
 
 
 def configured_secret(environ: Mapping[str, str] | None = None) -> Secret | None:
@@ -41,13 +40,14 @@ def connect_timeout(environ: Mapping[str, str] | None = None) -> float:
 
 def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
                secret: Secret | None = None, environ: Mapping[str, str] | None = None) -> Store:
-    """:func:`cairn.store.open_store` with ``secret``, else the configured one, and the
-    configured first-contact bound (see the module docstring)."""
+    """Open the store at ``url`` with ``secret``, else the configured one, and the configured
+    first-contact bound (see the module docstring; :meth:`cairn.store.Store.open` says what
+    a secret does). cairn's one ``open_store``, also ``cairn.open_store``."""
     secret = secret if secret is not None else configured_secret(environ)
     timeout = connect_timeout(environ)
     try:
-        return _open_store(url, settings=settings, create=create, secret=secret,
-                           connect_timeout=timeout)
+        return Store.open(url, settings=settings, create=create, secret=secret,
+                          connect_timeout=timeout)
     except StoreUnreachable as e:
         if not store_kind(url).remote:
             raise

@@ -59,7 +59,7 @@ class SuspendWatch:
             return None
         self._next = now + self.interval_s
         try:
-            self.request = self.store.pending_suspend(self.key, epoch=self.epoch)
+            self.request = self.store.records.pending_suspend(self.key, epoch=self.epoch)
             self._failing = False
         except (CairnError, OSError) as e:
             if not self._failing:
@@ -116,7 +116,7 @@ def evicted(reason: str, *, seq: int | None, what: str) -> Suspended:
 def held(store: Any, key: Any) -> Suspended | None:
     """The :class:`Suspended` a try that is starting must stop with, because ``key`` is held
     suspended (no resume was asked for yet); None when it may run."""
-    current: Suspension | None = store.suspension(key)
+    current: Suspension | None = store.records.suspension(key)
     if current is None or not current.held:
         return None
     return Suspended(f"key {key} is suspended (asked {describe(current.suspend)}); this try "

@@ -20,14 +20,14 @@ from cairn.store.kinds import store_kind, store_kinds, url_forms
 from cairn.store.manifest import ChunkRef, FileEntry, Manifest, SnapshotMode
 from cairn.store.outcomes import TrySummary, try_summaries
 from cairn.store.slotlog import Record, RecordKind
+from cairn.store.attempt import Attempt
+from cairn.store.records import Records
+from cairn.store.settings import StoreSettings
 from cairn.store.store import (
-    Attempt,
     RestoreResult,
     SnapshotInfo,
     Store,
-    StoreSettings,
     VerifyReport,
-    open_store,
 )
 from cairn.store.writer import SnapshotWriter
 
@@ -41,6 +41,7 @@ __all__ = [
     "Manifest",
     "Record",
     "RecordKind",
+    "Records",
     "RestoreResult",
     "SnapshotInfo",
     "SnapshotMode",
@@ -55,7 +56,6 @@ __all__ = [
     "VerifyReport",
     "load_secret_file",
     "new_secret",
-    "open_store",
     "secret_from_text",
     "secret_text",
     "store_kind",

@@ -14,18 +14,24 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cairn.exceptions import CorruptSnapshot, NotFound, PreconditionFailed
+from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
 from cairn.store.packs import PACKS_PREFIX
 from cairn.store.manifest import manifest_from_json
 from cairn.store.slotlog import SlotLog, key_paths, parts_prefix
 
-if TYPE_CHECKING:
-    from cairn.store.store import Store
 
 log = logging.getLogger(__name__)
+
+
+class GcStore(Protocol):
+    """What a GC pass uses of its store (:class:`cairn.store.Store` is one)."""
+
+    backend: Backend
+    gc_grace_seconds: float
 
 
 @dataclass
@@ -42,7 +48,7 @@ class GCReport:
     dry_run: bool = False
 
 
-def _live_part_packs(store: Store, path: str, *, now: float, grace: float, report: GCReport,
+def _live_part_packs(store: GcStore, path: str, *, now: float, grace: float, report: GCReport,
                      dry_run: bool) -> set[str]:
     """Packs referenced by rank parts still in flight; parts older than the grace are stale
     (their distributed snapshot was fenced or crashed) and are deleted."""
@@ -73,7 +79,7 @@ def _live_part_packs(store: Store, path: str, *, now: float, grace: float, repor
     return packs
 
 
-def collect_garbage(store: Store, *, grace_seconds: float | None = None,
+def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
                     dry_run: bool = False) -> GCReport:
     """One GC pass over the whole store. Safe to run while writers and readers are active."""
     backend = store.backend

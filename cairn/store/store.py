@@ -1,8 +1,11 @@
-"""The Store: keys, attempts, snapshots, restore with fallback, verification and retention.
+"""The Store, whose one job is the snapshots of every key: the slot logs, opening attempts
+(:mod:`cairn.store.attempt`), restore with fallback, verification, retention and GC. The
+records beside each log (outcomes, requests) are :mod:`cairn.store.records`, its settings
+:mod:`cairn.store.settings`, what a URL means :mod:`cairn.store.kinds`.
 
 Typical use::
 
-    store = open_store("file:///data/cairn")            # or gs://bucket/prefix
+    store = cairn.open_store("file:///data/cairn")      # or a bucket: gs://bucket/prefix
     attempt = store.open_attempt(Key.parse("dag/task/run/0"))
     parent = attempt.parent                               # the snapshot to resume from, or None
     with attempt.snapshot() as snap:
@@ -21,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,15 +33,12 @@ from cairn.exceptions import (
     AlreadyExists,
     ConfigError,
     CorruptSnapshot,
-    Fenced,
     NoSnapshot,
     NotFound,
-    PartsMissing,
-    SnapshotTooSlow,
     StoreError,
 )
+from cairn.store.attempt import Attempt
 from cairn.store.backend import Backend
-from cairn.store.delta import DeltaState
 from cairn.store.hashing import digest as plain_digest
 from cairn.store.keyring import (
     KEYRING_PREFIX,
@@ -52,90 +52,35 @@ from cairn.store.keyring import (
 from cairn.store.keys import Key
 from cairn.store.manifest import (
     ChunkRef,
-    FileEntry,
     Manifest,
-    SnapshotMode,
     dumps,
-    manifest_from_json,
 )
-from cairn.store.outcomes import (
-    PREVIOUS_NOTE,
-    Outcome,
-    TryLog,
-    TrySummary,
-    decode_outcome,
-    encode_outcome,
-    epoch_from_name,
-    outcome_name,
-    outcomes_prefix,
-    previous_summary,
-    tries_from_records,
-    try_summaries,
-)
+from cairn.store.outcomes import PREVIOUS_NOTE, previous_summary
 from cairn.store.reader import SnapshotReader
 from cairn.store.sealed_backend import SealedBackend
 from cairn.store.sealing import TAG_BYTES, Sealer
-from cairn.store.requests import (
-    Request,
-    RequestKind,
-    Suspension,
-    decode_request,
-    default_requester,
-    encode_request,
-    parse_request_name,
-    request_name,
-    request_time,
-    requests_prefix,
-    resume_target,
-    suspend_target,
-    suspension,
-)
+from cairn.store.records import Records
 from cairn.store.slotlog import (
     AttemptLog,
     Record,
     RecordKind,
-    PART_SCHEMA,
     SlotLog,
     key_paths,
-    part_name,
-    parts_prefix,
     record_name,
     utc_now,
 )
 from cairn.store.url import open_backend
 from cairn.store.verdicts import reading
-from cairn.store.writer import ProgressCallback, SnapshotWriter
+from cairn.store.settings import (
+    CONFIG_NAME,
+    DEFAULT_GC_GRACE_SECONDS,
+    SEALED_STORE_FORMAT,
+    STORE_FORMAT,
+    StoreSettings,
+)
+from cairn.store.writer import ProgressCallback
 
 log = logging.getLogger(__name__)
-
-STORE_FORMAT = "cairn.store/1"
-# An encrypted store (ADR 0025): a cairn that predates encryption refuses it by its format.
-SEALED_STORE_FORMAT = "cairn.store/1+sealed"
-CONFIG_NAME = "cairn-store.json"
-DEFAULT_GC_GRACE_SECONDS = 3600.0
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """Tuning of one process's use of a store (not persisted; safe to vary per process)."""
-
-    max_chunk_bytes: int = 1 << 20
-    pack_bytes: int = 32 << 20
-    max_inflight_packs: int = 4
-    io_threads: int = 8
-    read_prefetch: int = 8
-    keep_last: int = 3
-
-    def __post_init__(self) -> None:
-        if not 4096 <= self.max_chunk_bytes <= 256 << 20:
-            raise ConfigError("max_chunk_bytes must be between 4 KiB and 256 MiB")
-        if self.pack_bytes < self.max_chunk_bytes:
-            raise ConfigError("pack_bytes must be at least max_chunk_bytes")
-        if self.keep_last < 1:
-            raise ConfigError("keep_last must be at least 1; the newest snapshot is always kept")
-        if self.io_threads < 1 or self.max_inflight_packs < 1 or self.read_prefetch < 1:
-            raise ConfigError("io_threads, max_inflight_packs and read_prefetch must be >= 1")
-
 
 @dataclass(frozen=True)
 class SnapshotInfo:
@@ -174,7 +119,25 @@ def describe_shared(digest: str, seqs: list[int]) -> str:
 
 
 class Store:
-    """A cairn store over one backend. Create with :func:`open_store`."""
+    """A cairn store over one backend. Opened by :func:`cairn.open_store` (the secret and the
+    first contact's bound the environment configures), or :meth:`open` (explicit ones)."""
+
+    @classmethod
+    def open(cls, url: str, *, settings: StoreSettings | None = None, create: bool = True,
+             secret: Secret | None = None, connect_timeout: float | None = None) -> Store:
+        """Open the store at ``url`` (any form :mod:`cairn.store.kinds` accepts), reading no
+        environment: with ``secret``, a new store is created encrypted and an encrypted one is
+        opened with its keyring; an unencrypted store then refuses to open (no silent
+        downgrade). Without, an encrypted store raises
+        :class:`~cairn.store.keyring.SecretError`. ``connect_timeout``: the first contact's
+        bound (:func:`~cairn.store.url.open_backend`). A store that cannot be reached raises
+        :class:`~cairn.exceptions.StoreUnreachable`."""
+        backend = open_backend(url, create=create, connect_timeout=connect_timeout)
+        try:
+            return cls(backend, settings=settings, create=create, secret=secret)
+        except BaseException:
+            backend.close()
+            raise
 
     def __init__(self, backend: Backend, *, settings: StoreSettings | None = None,
                  create: bool = True, secret: Secret | None = None) -> None:
@@ -356,121 +319,11 @@ class Store:
     def history(self, key: Key) -> list[Record]:
         return self.log(key).records()
 
-    # -- outcome records (cairn.store.outcomes): how each try ended, for cairn.policy --------
-
-    def record_outcome(self, key: Key, outcome: Outcome) -> None:
-        """Store how try ``outcome.epoch`` of ``key`` ended, create-only: a second record for
-        the same epoch raises :class:`AlreadyExists` and leaves the first as it was."""
-        try:
-            self.backend.create(outcome_name(key.path, outcome.epoch),
-                                encode_outcome(outcome, key=key.components))
-        except AlreadyExists:
-            raise AlreadyExists(f"key {key}: try {outcome.epoch} already has an outcome record; "
-                                "each try's outcome is written once") from None
-
-    def outcomes(self, key: Key) -> list[Outcome]:
-        """Every readable outcome record of ``key``, oldest epoch first; unreadable or
-        unknown-schema records are skipped with a warning."""
-        def decoder(name: str) -> Callable[[bytes], Outcome] | None:
-            epoch = epoch_from_name(name)
-            if epoch is None or name != outcome_name(key.path, epoch):
-                return None
-            return lambda data: decode_outcome(data, epoch=epoch)
-
-        return self._beside_log(key, outcomes_prefix(key.path), decoder, "outcome")
-
-    def _beside_log(self, key: Key, prefix: str, decoder: Callable[[str], Any],
-                    what: str) -> list[Any]:
-        """The readable records under ``prefix`` in listing order: ``decoder(name)`` parses
-        one's bytes (raising ValueError), or is None for a name that is not a record's."""
-        out = []
-        for info in self.backend.list(prefix):
-            decode = decoder(info.name)
-            if decode is None:
-                continue
-            try:
-                out.append(decode(self.backend.read(info.name)))
-            except NotFound:
-                continue
-            except ValueError as e:
-                log.warning("key %s: skipping %s record %s: %s", key, what, info.name, e)
-        return out
-
-    # -- suspend and resume requests (cairn.store.requests): an operator's asks --------------
-
-    def requests(self, key: Key) -> list[Request]:
-        """Every readable request record of ``key``, by epoch (a suspend before its resume)."""
-        def decoder(name: str) -> Callable[[bytes], Request] | None:
-            parsed = parse_request_name(key.path, name)
-            if parsed is None:
-                return None
-            return lambda data: decode_request(data, kind=parsed[0], epoch=parsed[1])
-
-        found = self._beside_log(key, requests_prefix(key.path), decoder, "request")
-        return sorted(found, key=lambda r: (r.epoch, r.kind is RequestKind.RESUME))
-
-    def suspension(self, key: Key) -> Suspension | None:
-        """``key``'s suspension that still matters (see :func:`cairn.store.requests.suspension`);
-        one listing when the key has no requests."""
-        asked = self.requests(key)
-        return suspension(asked, self.tries(key), self.outcomes(key)) if asked else None
-
-    def request_suspend(self, key: Key, *, by: str | None = None,
-                        reason: str | None = None) -> Request:
-        """Ask ``key``'s running try to take a final snapshot and stop; durable when it
-        returns. Asking again returns the first request unchanged. Raises NotFound for an
-        unknown key, ConfigError for one that is done or not running (nothing is written)."""
-        epoch, made = suspend_target(key, self.requests(key), self.tries(key), self.outcomes(key))
-        return made or self._create_request(key, Request(
-            RequestKind.SUSPEND, epoch, by or default_requester(), request_time(), reason))
-
-    def request_resume(self, key: Key, *, by: str | None = None, reason: str | None = None,
-                       placement: str | None = None) -> Request:
-        """Lift ``key``'s suspension: its next try may start, and resumes from the suspend
-        snapshot; durable when it returns. ``placement``: move the step to that capacity
-        option, which its suspended try must have recorded (a pod-based step with
-        ``placement=``; docs/adr/0031). Asking again returns the first request. Raises
-        ConfigError when ``key`` is not suspended or cannot be moved there (nothing is
-        written)."""
-        epoch, made = resume_target(key, self.requests(key), self.tries(key), self.outcomes(key),
-                                    placement=placement)
-        return made or self._create_request(key, Request(
-            RequestKind.RESUME, epoch, by or default_requester(), request_time(), reason,
-            placement))
-
-    def pending_suspend(self, key: Key, *, epoch: int) -> Request | None:
-        """The suspend request try ``epoch`` must honour, None when there is none or it was
-        resumed meanwhile: what a running try polls (one or two reads, no listing)."""
-        ask = self._read_request(key, RequestKind.SUSPEND, epoch)
-        return ask if ask is not None and self._read_request(
-            key, RequestKind.RESUME, epoch) is None else None
-
-    def _read_request(self, key: Key, kind: RequestKind, epoch: int) -> Request | None:
-        name = request_name(key.path, kind, epoch)
-        try:
-            return decode_request(self.backend.read(name), kind=kind, epoch=epoch)
-        except NotFound:
-            return None
-        except ValueError as e:
-            log.warning("key %s: skipping request record %s: %s", key, name, e)
-            return None
-
-    def _create_request(self, key: Key, request: Request) -> Request:
-        try:
-            self.backend.create(request_name(key.path, request.kind, request.epoch),
-                                encode_request(request, key=key.components))
-            return request
-        except AlreadyExists:  # asked at the same moment by someone else: theirs stands
-            return self._read_request(key, request.kind, request.epoch) or request
-
-    def try_summaries(self, key: Key) -> dict[int, TrySummary]:
-        """What each try of ``key`` did, by epoch, as far as retention leaves it known (see
-        :func:`cairn.store.outcomes.try_summaries`)."""
-        return try_summaries(self.history(key), self.outcomes(key))
-
-    def tries(self, key: Key) -> list[TryLog]:
-        """Each try (epoch) as the slot log records it: opened, snapshots kept, done."""
-        return tries_from_records(self.history(key))
+    @property
+    def records(self) -> Records:
+        """The records beside each key's slot log: outcomes, suspend and resume requests, the
+        tries they describe (:mod:`cairn.store.records`)."""
+        return Records(self.backend)
 
     def manifest(self, key: Key, seq: int | None = None) -> Manifest:
         """The manifest of snapshot ``seq`` (default: the newest committed one)."""
@@ -706,9 +559,10 @@ class Store:
         """
         attempt_log = self.log(key).open_attempt(note={"purpose": "remove"})
         attempt_log.append(RecordKind.DONE, {"reason": "removed"})
-        return len(self._drop_all_snaps(key))
+        return len(self.drop_snapshots(key))
 
-    def _drop_all_snaps(self, key: Key) -> list[int]:
+    def drop_snapshots(self, key: Key) -> list[int]:
+        """Delete every ``snap`` record of ``key`` (after a ``done``); their seqs."""
         deleted = []
         for record in self.log(key).records():
             if record.kind is RecordKind.SNAP:
@@ -723,154 +577,6 @@ class Store:
         return collect_garbage(self, grace_seconds=grace_seconds, dry_run=dry_run)
 
 
-class Attempt:
-    """One attempt at a key's work: fenced for good once another attempt moves the log on."""
-
-    def __init__(self, store: Store, key: Key, attempt_log: AttemptLog,
-                 parent: Manifest | None) -> None:
-        self.store = store
-        self.key = key
-        self.log = attempt_log
-        self.parent = parent
-        self.resumed_from = parent
-        # Dedup index: the parent's chunks and every chunk this attempt wrote itself.
-        self.known_chunks: dict[str, ChunkRef] = {}
-        # What page deltas are taken against (cairn.store.delta), in memory for this try.
-        self.deltas = DeltaState()
-        if parent is not None:
-            self._index(parent)
-
-    @property
-    def epoch(self) -> int:
-        return self.log.epoch
-
-    @property
-    def fenced(self) -> bool:
-        return self.log.fenced
-
-    def _index(self, manifest: Manifest) -> None:
-        for chunk in manifest.chunk_refs():
-            self.known_chunks.setdefault(chunk.digest, chunk)
-
-    def carry_deltas(self, state: DeltaState | None) -> None:
-        """Take over the page-delta state another attempt object of this try left (the
-        uploader commits each spooled dump through a new one); ignored unless it was left on
-        top of this attempt's parent."""
-        if state is not None and self.parent is not None and state.seq == self.parent.seq:
-            self.deltas = state
-
-    def forget_pack(self, pack: str) -> None:
-        for digest in [d for d, ref in self.known_chunks.items() if pack in ref.packs()]:
-            del self.known_chunks[digest]
-
-    def snapshot(self, *, mode: SnapshotMode = SnapshotMode.FILES,
-                 progress: ProgressCallback | None = None) -> SnapshotWriter:
-        """Begin the next snapshot; its parent is the last one committed or restored."""
-        return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress)
-
-    def resume_from(self, manifest: Manifest) -> None:
-        """Make ``manifest`` (the snapshot actually restored) the parent of the next snapshot,
-        and the only source of dedup besides this attempt's own uploads."""
-        self.parent = manifest
-        self.known_chunks = {}
-        self.deltas = DeltaState()
-        self._index(manifest)
-
-    def remember(self, manifest: Manifest) -> None:
-        """Index a manifest this attempt committed (a snapshot or a part) for dedup."""
-        self._index(manifest)
-
-    def committed(self, manifest: Manifest) -> None:
-        """Called by the writer once its ``snap`` record exists: index it and prune."""
-        self.parent = manifest
-        self._index(manifest)
-        try:
-            self.store.prune(self.key)
-        except StoreError as e:  # the snapshot is committed; retention catches up next time
-            log.warning("key %s: retention failed after seq %d: %s", self.key, manifest.seq, e)
-
-    # -- distributed snapshots: each rank commits a part, rank 0 commits the snapshot -----------
-
-    def publish_part(self, manifest: Manifest, *, rank: int) -> None:
-        """Create this rank's part record, create-only (a conflict means fenced)."""
-        name = part_name(self.key.path, manifest.seq, rank)
-        doc = {"schema": PART_SCHEMA, "rank": rank, "epoch": self.epoch,
-               "manifest": manifest.to_json()}
-        try:
-            self.store.backend.create(name, dumps(doc))
-        except AlreadyExists:
-            raise Fenced(f"key {self.key}: part {rank} of seq {manifest.seq} already exists; "
-                         "another attempt has moved on") from None
-
-    def commit_parts(self, seq: int, *, world_size: int, step: int | None = None) -> Manifest:
-        """Rank 0: once every rank's part of ``seq`` exists, create the one ``snap`` record.
-
-        Each rank's files appear under ``rank-<r>/``. Raises :class:`PartsMissing` naming the
-        missing ranks when not all parts are there yet (wait at a barrier and call again), and
-        :class:`Fenced` when another attempt took ``seq``.
-        """
-        if seq != self.log.next_seq:
-            raise ConfigError(f"distributed snapshot seq must be {self.log.next_seq} (rank 0's "
-                              f"next seq), not {seq}; broadcast attempt.log.next_seq to the ranks")
-        if world_size < 1:
-            raise ConfigError("world_size must be at least 1")
-        parts: dict[int, Manifest] = {}
-        for info in self.store.backend.list(parts_prefix(self.key.path, seq)):
-            if time.time() - info.updated > self.store.gc_grace_seconds / 2:
-                raise SnapshotTooSlow(f"key {self.key}: part {info.name} is older than half the "
-                                      "GC grace; its packs may be collected. Take a new snapshot")
-            part = self._read_part(info.name)
-            if part is not None:
-                parts[part[0]] = part[1]
-        missing = [r for r in range(world_size) if r not in parts]
-        if missing:
-            raise PartsMissing(f"key {self.key}: seq {seq} lacks parts from ranks {missing}",
-                               missing=missing)
-        files = tuple(
-            FileEntry(f"rank-{rank}/{entry.path}", entry.size, entry.chunks, entry.mode)
-            for rank in range(world_size) for entry in parts[rank].files
-        )
-        written = sum(parts[r].bytes_written for r in range(world_size))
-        manifest = Manifest(
-            key=self.key.components, seq=seq, epoch=self.epoch,
-            parent=self.parent.seq if self.parent else None, created_at=utc_now(),
-            mode=parts[0].mode, files=files,
-            metadata={"step": step, "bytes_logical": sum(f.size for f in files),
-                      "bytes_written": written, "world_size": world_size,
-                      "ranks": [parts[r].metadata for r in range(world_size)]},
-        )
-        self.log.append(RecordKind.SNAP, {"manifest": manifest.to_json()})
-        for rank in range(world_size):
-            try:
-                self.store.backend.delete(part_name(self.key.path, seq, rank))
-            except StoreError:
-                pass  # GC removes stale parts
-        self.committed(manifest)
-        return manifest
-
-    def _read_part(self, name: str) -> tuple[int, Manifest] | None:
-        try:
-            data = self.store.backend.read(name)  # a failure of the read itself is no verdict
-        except CorruptSnapshot as e:  # a sealed part that fails authentication
-            log.warning("key %s: ignoring unreadable part %s: %s", self.key, name, e)
-            return None
-        try:
-            doc = json.loads(data)
-            rank, epoch = int(doc["rank"]), int(doc["epoch"])
-            if doc.get("schema") != PART_SCHEMA or epoch != self.epoch:
-                log.warning("key %s: ignoring part %s of another attempt", self.key, name)
-                return None
-            return rank, manifest_from_json(doc["manifest"])
-        except (ValueError, KeyError, TypeError, CorruptSnapshot) as e:
-            log.warning("key %s: ignoring unreadable part %s: %s", self.key, name, e)
-            return None
-
-    def finish(self) -> None:
-        """The step succeeded: create ``done`` (fencing everyone), then delete the snapshots."""
-        self.log.append(RecordKind.DONE, {"reason": "succeeded"})
-        self.store._drop_all_snaps(self.key)
-
-
 def _no_good_message(key: Key, candidates: list[Manifest], skipped: list[tuple[int, str]],
                      bad: dict[str, list[int]]) -> str:
     seqs = [m.seq for m in candidates]
@@ -881,22 +587,3 @@ def _no_good_message(key: Key, candidates: list[Manifest], skipped: list[tuple[i
     lines += [f"  seq {s}: {reason}" for s, reason in skipped]
     lines.append("  run `cairn verify` for a full report; the step will start fresh")
     return "\n".join(lines)
-
-
-def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
-               secret: Secret | None = None, connect_timeout: float | None = None) -> Store:
-    """Open the store at ``url`` (path, ``file://`` or ``gs://``).
-
-    With ``secret``, a new store is created encrypted and an encrypted one is opened with its
-    keyring; an unencrypted store then refuses to open (no silent downgrade). Without, an
-    encrypted store raises :class:`~cairn.store.keyring.SecretError`. The runtime's
-    :func:`cairn.runtime.stores.open_store` finds the secret the environment configures (and
-    the first contact's bound, ``connect_timeout``: see :func:`~cairn.store.url.open_backend`).
-    A store that cannot be reached raises :class:`~cairn.exceptions.StoreUnreachable`.
-    """
-    backend = open_backend(url, create=create, connect_timeout=connect_timeout)
-    try:
-        return Store(backend, settings=settings, create=create, secret=secret)
-    except BaseException:
-        backend.close()
-        raise

@@ -24,7 +24,8 @@ import stat
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, Callable, Protocol
 
 from cairn.exceptions import ConfigError, NotFound, SnapshotTooSlow
 from cairn.store import delta
@@ -36,16 +37,53 @@ from cairn.store.manifest import (
     SnapshotMode,
     check_relative_path,
 )
+from cairn.store.backend import Backend
+from cairn.store.delta import DeltaState
+from cairn.store.keys import Key
 from cairn.store.packs import PackWriter
-from cairn.store.slotlog import RecordKind, utc_now, writer_identity
+from cairn.store.sealing import Sealer
+from cairn.store.settings import StoreSettings
+from cairn.store.slotlog import AttemptLog, RecordKind, utc_now, writer_identity
 from cairn.version import __version__
-
-if TYPE_CHECKING:
-    from cairn.store.store import Attempt
 
 log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int], None]
+
+
+class WriterStore(Protocol):
+    """What a snapshot writer uses of its store (:class:`cairn.store.Store` is one)."""
+
+    settings: StoreSettings
+    backend: Backend
+    pool: ThreadPoolExecutor
+    sealer: Sealer | None
+    gc_grace_seconds: float
+
+    def chunk_digest(self, data: bytes | bytearray | memoryview) -> str: ...
+
+
+class WriterAttempt(Protocol):
+    """What a snapshot writer uses of its attempt (:class:`cairn.store.attempt.Attempt`)."""
+
+    key: Key
+    log: AttemptLog
+    known_chunks: dict[str, ChunkRef]
+    deltas: DeltaState
+
+    @property
+    def store(self) -> WriterStore: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def forget_pack(self, pack: str) -> None: ...
+
+    def committed(self, manifest: Manifest) -> None: ...
+
+    def publish_part(self, manifest: Manifest, *, rank: int) -> None: ...
+
+    def remember(self, manifest: Manifest) -> None: ...
 
 
 @dataclass
@@ -63,7 +101,7 @@ class SnapshotWriter:
     Leaving the ``with`` block without :meth:`commit` aborts (nothing is committed).
     """
 
-    def __init__(self, attempt: Attempt, *, mode: SnapshotMode, parent: Manifest | None,
+    def __init__(self, attempt: WriterAttempt, *, mode: SnapshotMode, parent: Manifest | None,
                  progress: ProgressCallback | None = None) -> None:
         self._attempt = attempt
         self._store = attempt.store
@@ -297,7 +335,7 @@ class SnapshotWriter:
         """Commit this rank's part of distributed snapshot ``seq`` (rank 0 announces ``seq``).
 
         Durable when this returns; visible to readers only once rank 0's
-        :meth:`~cairn.store.store.Attempt.commit_parts` creates the ``snap`` record.
+        :meth:`~cairn.store.attempt.Attempt.commit_parts` creates the ``snap`` record.
         """
         if not isinstance(rank, int) or rank < 0:
             raise ConfigError(f"rank must be a non-negative integer, not {rank!r}")

@@ -20,7 +20,8 @@ import cairn_kfp
 import kfp_workloads
 from cairn.exceptions import ConfigError, Preempted
 from cairn.policy import CapacityOption, History
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 from cairn.store.slotlog import RecordKind
 from cairn_kfp._runtime import _cairn_result_name, _cairn_run
@@ -218,7 +219,7 @@ def test_a_try_records_its_own_outcome_with_the_placement(
         _cairn_run(preempted, {}, "ckpt", store=store, key="r/fit", run_id="r",
                    options={"every_steps": 1, "persist": "inline"})
     with open_store(store) as opened:
-        [outcome] = opened.outcomes(Key.parse("r/fit"))
+        [outcome] = opened.records.outcomes(Key.parse("r/fit"))
     assert outcome.outcome is OutcomeKind.PREEMPTED and outcome.option == "l4-spot"
     assert outcome.reason == "l4-spot: spot first"
     assert outcome.progress.start_step == 0 and outcome.progress.kept_step == 4
@@ -260,7 +261,7 @@ def test_the_fallback_resumes_from_the_spot_tasks_snapshot(local_kfp: Path,
 
     with open_store(store_url) as store:
         records = store.history(key)
-        outcomes = store.outcomes(key)
+        outcomes = store.records.outcomes(key)
         history = History.from_store(store, key)
     assert records[-1].kind is RecordKind.DONE
     epochs = [r.epoch for r in records if r.kind is RecordKind.OPEN]
@@ -297,7 +298,7 @@ def test_when_the_spot_task_finishes_the_fallback_hands_on_its_result(
     key = Key.parse(key_text)
     with open_store(store_url) as store:
         records = store.history(key)
-        outcomes = store.outcomes(key)
+        outcomes = store.records.outcomes(key)
         kept = json.loads(store.backend.read(_cairn_result_name(str(key), key.components[0])))
     assert [r.kind for r in records].count(RecordKind.OPEN) == 1  # no second attempt
     assert records[-1].kind is RecordKind.DONE

@@ -18,7 +18,8 @@ import pytest
 from kfp import dsl
 
 import cairn_kfp
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn_kfp._runtime import _cairn_run
 
 REPO = Path(__file__).resolve().parents[2]

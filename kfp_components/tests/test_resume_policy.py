@@ -62,6 +62,6 @@ def test_a_crash_loop_stops_at_max_error_retries(local_kfp: Path, tmp_path: Path
     with open_store(store_url) as store:
         keys = list(store.keys())
         assert len(keys) == 1
-        outcomes = store.outcomes(keys[0])
+        outcomes = store.records.outcomes(keys[0])
     assert [o.outcome.value for o in outcomes] == ["failed", "failed"]
     assert all("a bug at step 12" in o.detail["error"] for o in outcomes)

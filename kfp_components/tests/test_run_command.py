@@ -16,7 +16,8 @@ from kfp import compiler, dsl
 import cairn_kfp
 from cairn.cli.main import build_parser
 from cairn.exceptions import ConfigError
-from cairn.store import Key, Store, open_store
+from cairn.store import Key, Store
+from cairn import open_store
 from cairn.store.outcomes import Outcome, OutcomeKind
 from cairn_kfp.container import LAUNCHER
 
@@ -62,7 +63,7 @@ def _failed_try(store: Store, key: Key, *, snapshot: bool) -> int | None:
         with attempt.snapshot() as snap:
             snap.add_bytes("state.bin", b"x" * 4096)
             seq = snap.commit(step=9).seq
-    store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.FAILED,
+    store.records.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.FAILED,
                                       started_at=1.0, ended_at=2.0))
     return seq
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import ConfigError
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.slotlog import RecordKind
 from cairn_kfp._runtime import _cairn_key, _cairn_run
 

@@ -46,7 +46,7 @@ def test_outcomes_are_recorded_once_per_epoch_and_the_verdicts_follow_the_policy
     assert first.ended(error=error, ckpt=ckpt) is AfterTry.RETRY  # 1 error: within the budget
     first.ended(error=error, ckpt=ckpt)  # the same epoch again: no second record
     with open_store(url) as store:
-        outcomes = store.outcomes(KEY)
+        outcomes = store.records.outcomes(KEY)
     assert [(o.epoch, o.outcome.value) for o in outcomes] == [(ckpt.epoch, "failed")]
     assert "the step's own bug" in outcomes[0].detail["error"]
 

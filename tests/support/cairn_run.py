@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cairn.process import find_criu
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 
 CRIU = find_criu()
 SUPPORT = Path(__file__).parent

@@ -12,7 +12,8 @@ import random
 import sys
 
 from cairn.store.keys import Key
-from cairn.store.store import StoreSettings, open_store
+from cairn.store.settings import StoreSettings
+from cairn import open_store
 
 KEY = Key.parse("crash/train/run-1/0")
 # Small chunks and packs: every snapshot seals several packs on background threads, so a

@@ -40,7 +40,8 @@ def stopped_gcs_store(*, key: str = "dag/train/run-1/0") -> Iterator[StoppedStor
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from cairn.store import Key, SnapshotMode, open_store
+    from cairn.store import Key, SnapshotMode
+    from cairn import open_store
 
     server = FakeGCSServer()
     # The wrapper sets STORAGE_EMULATOR_HOST in this process, then unsets it: put it back.

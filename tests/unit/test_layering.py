@@ -216,3 +216,66 @@ def test_integrations_import_only_the_public_api_and_the_runtime_layer() -> None
              if e.source_package in ("cairn_airflow", "cairn_kfp")
              and e.target.split(".")[0] == "cairn" and not is_public_for_integrations(e)]
     assert below == []
+
+
+def module_graph(imports: list[Import]) -> dict[str, set[str]]:
+    """Which module imports which, inside each package (every kind of import above counts,
+    ``TYPE_CHECKING`` and function-local ones too). ``from pkg import sub`` is an edge to the
+    module ``pkg.sub`` only; to ``pkg`` itself (its ``__init__``) when a name it imports is not
+    a submodule, or for ``import pkg``."""
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        subs = submodule_names(i.target, i.names)
+        targets = set(subs)
+        if not i.names or len(subs) < len(i.names):
+            targets.add(i.target)
+        for t in targets:
+            if t != i.module and package_of(t) == package_of(i.module):
+                graph.setdefault(i.module, set()).add(t)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return cycles
+
+
+def test_no_module_cycles_inside_a_package() -> None:
+    assert import_cycles(module_graph(IMPORTS)) == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_type_checking_import() -> None:
+    planted = IMPORTS + [Import("cairn.store.keys", "cairn.store.store", ("Store",), 1)]
+    assert ["cairn.store.keys", "cairn.store.store"] in [
+        [m for m in c if m in ("cairn.store.keys", "cairn.store.store")]
+        for c in import_cycles(module_graph(planted))]

@@ -60,7 +60,8 @@ from cairn_airflow.hooks import (
     StoreConfig,
     operator_store_config,
 )
-from cairn_airflow.operators import XCOM_KEY, task_key
+from cairn_airflow.operators import XCOM_KEY
+from cairn_airflow.task_keys import task_key
 from cairn_airflow.resume import begin_try, raise_verdict, resume_policy
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 

@@ -79,7 +79,7 @@ from cairn_airflow.hooks import (
     operator_store_config,
     scoped_environ,
 )
-from cairn_airflow.operators import task_key
+from cairn_airflow.task_keys import task_key
 from cairn_airflow.resume import begin_try, raise_verdict, refuse_if_given_up, resume_policy
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
@@ -234,8 +234,8 @@ def record_pod_outcome(store: Any, key: Any, pod: Any, container: str, *,
     started = _timestamp(_field(status, "start_time", "startTime"))
     if kind is None or started is None:
         return None
-    recorded = {o.epoch for o in store.outcomes(key)}
-    open_tries = [t for t in store.tries(key)
+    recorded = {o.epoch for o in store.records.outcomes(key)}
+    open_tries = [t for t in store.records.tries(key)
                   if t.epoch not in recorded and t.done_at is None and t.opened_at >= started]
     if not open_tries:
         return None
@@ -479,10 +479,10 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
 
         try:
             with scoped_environ(store.env), open_store(store.url, create=False) as opened:
-                current = opened.suspension(key)
+                current = opened.records.suspension(key)
         except NotFound:  # no store yet: the first try creates it
             return None
-        # A suspension with a resume is one no try has started after (Store.suspension).
+        # A suspension with a resume is one no try has started after (Store.records.suspension).
         resume = current.resume if current is not None else None
         if resume is None or resume.placement is None:
             return None

@@ -54,6 +54,7 @@ from cairn_airflow.hooks import (
 )
 from cairn_airflow.resume import begin_try, is_control_flow, raise_verdict, resume_policy
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
+from cairn_airflow.task_keys import task_key
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +136,6 @@ def checkpointer_options_with(*, every_steps: int | None, every_seconds: float |
     if every_seconds is not None:
         merged["every_seconds"] = every_seconds
     return merged
-
-
-def task_key(context: Mapping[str, Any]) -> Any:
-    """The cairn key of the running task instance: ``(dag_id, task_id, run_id, map_index)``."""
-    from cairn import Key
-
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", None)
-    return Key((ti.dag_id, ti.task_id, ti.run_id, str(-1 if map_index is None else map_index)))
 
 
 class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOperator):

@@ -32,6 +32,7 @@ from typing import Any
 from cairn.exceptions import ConfigError
 from cairn.runtime.env import SECRET_FILE
 from cairn_airflow.resume import MIN_RESCHEDULE_DELAY
+from cairn_airflow.task_keys import task_key
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class SuspendDeferral:
         from cairn_airflow.triggers import CairnResumeTrigger
 
         with scoped_environ(env or {}), open_store(store_url, create=False) as store:
-            current = store.suspension(key)
+            current = store.records.suspension(key)
         if current is None:
             log.info("cairn: %s ended suspended but is no longer suspended", key)
             return
@@ -137,13 +138,12 @@ class SuspendDeferral:
     def _resume_by_time(self, context: Any) -> None:
         from cairn import open_store
         from cairn_airflow.hooks import scoped_environ
-        from cairn_airflow.operators import task_key
 
         key = task_key(context)
         config = self.store_config()  # type: ignore[attr-defined]
         try:
             with scoped_environ(config.env), open_store(config.url, create=False) as store:
-                store.request_resume(key, by=RESUMED_BY_TIME,
+                store.records.request_resume(key, by=RESUMED_BY_TIME,
                                      reason=f"resume_after={self.resume_after:g}s passed")
         except ConfigError as e:  # resumed or released meanwhile: nothing to lift
             log.info("cairn: resume_after passed; %s", e)
@@ -159,7 +159,6 @@ class SuspendDeferral:
             return super().resume_execution(next_method, next_kwargs,  # type: ignore[misc]
                                             context)
         except TaskDeferralTimeout as e:
-            from cairn_airflow.operators import task_key
 
             if not self._held(context):
                 raise  # another deferral's timeout (the KPO's own deferrable mode)
@@ -176,12 +175,11 @@ class SuspendDeferral:
         from cairn import open_store
         from cairn.exceptions import CairnError
         from cairn_airflow.hooks import scoped_environ
-        from cairn_airflow.operators import task_key
 
         try:
             config = self.store_config()  # type: ignore[attr-defined]
             with scoped_environ(config.env), open_store(config.url, create=False) as store:
-                current = store.suspension(task_key(context))
+                current = store.records.suspension(task_key(context))
         except (CairnError, OSError):
             return False
         return current is not None and current.held

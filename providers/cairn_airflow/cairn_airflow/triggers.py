@@ -4,7 +4,7 @@ A cairn task whose step was suspended on request (``cairn suspend``, the snapsho
 defers with this trigger instead of failing (see :mod:`cairn_airflow.suspend`), so its worker
 slot, GPU or pod is free while it waits. The trigger runs in the triggerer, which in Airflow 3
 has no metadata-database access: it reads only the cairn store, through cairn's store API
-(``Store.suspension``: the key's request records, slot log and outcome records), every
+(``Store.records.suspension``: the key's request records, slot log and outcome records), every
 ``poll_seconds``, each read in a thread (``asyncio.to_thread``) so the triggerer's event loop
 never blocks on the store.
 
@@ -58,7 +58,7 @@ def look(store_url: str, key: str, epoch: int, *,
     # Passed, not put in os.environ: the triggerer runs many triggers in one process.
     environ = {**os.environ, SECRET_FILE.name: secret_file} if secret_file else None
     with open_store(store_url, create=False, environ=environ) as store:
-        current = store.suspension(Key.parse(key))
+        current = store.records.suspension(Key.parse(key))
     if current is None:
         return {"status": "released", "epoch": epoch,
                 "reason": "the key is no longer suspended (it was marked done or discarded)"}

@@ -173,7 +173,8 @@ def store_url(tmp_path: Path) -> str:
 
 def _write_snapshots(store_url: str, key: tuple[str, str, str, str], marker: bytes,
                      count: int) -> None:
-    from cairn.store import Key, SnapshotMode, open_store
+    from cairn.store import Key, SnapshotMode
+    from cairn import open_store
 
     with open_store(store_url) as store:
         attempt = store.open_attempt(Key(key), note={"mode": "state"})

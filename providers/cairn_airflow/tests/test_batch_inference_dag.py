@@ -31,7 +31,7 @@ def _expected(shards: int) -> list[bytes]:
 
 
 def _outputs(store_url: str) -> dict[str, bytes]:
-    from cairn.store import open_store
+    from cairn import open_store
 
     with open_store(store_url, create=False) as store:
         return {info.name: store.backend.read(info.name) for info in store.backend.list("outputs/")}
@@ -58,7 +58,7 @@ def test_a_shard_committed_after_the_last_cursor_snapshot_is_reused(
     """The loop alone (no Airflow): try 1 is "killed" after committing shard 3 but before its
     cursor snapshot (shard 3 is committed by hand after a try that stopped at 2)."""
     from cairn.state.checkpointer import Checkpointer
-    from cairn.store import open_store
+    from cairn import open_store
 
     url, key = str(tmp_path / "store"), "dag/predict/run-1/-1"
     expected = _expected(6)
@@ -120,7 +120,8 @@ def test_retry_reuses_a_shard_a_killed_try_committed_before_its_cursor_snapshot(
     from airflow.models.dagrun import DagRun
     from airflow.utils.types import DagRunType
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     logical_date = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=logical_date,

@@ -149,7 +149,7 @@ def read_progress(path: Path) -> list[tuple[int, int, float]]:
 
 
 def _store(cluster: Cluster):  # noqa: ANN202
-    from cairn.store import open_store
+    from cairn import open_store
 
     return open_store(cluster.store, create=False)
 

@@ -59,7 +59,7 @@ def _key(dag_run, task_id: str = "train"):  # noqa: ANN001, ANN202
 
 def test_training_task_succeeds_and_marks_the_key_done(airflow, cairn_store: Path,
                                                        one_thread: None) -> None:
-    from cairn.store import open_store
+    from cairn import open_store
     from cairn.store.slotlog import RecordKind
 
     run = airflow.run(_training_dag("cairn_train_ok"))
@@ -79,7 +79,7 @@ def test_training_task_succeeds_and_marks_the_key_done(airflow, cairn_store: Pat
 
 def test_retry_resumes_from_the_snapshot_of_the_failed_try(airflow, cairn_store: Path,
                                                             one_thread: None) -> None:
-    from cairn.store import open_store
+    from cairn import open_store
     from cairn.store.slotlog import RecordKind
 
     run = airflow.run(_training_dag("cairn_train_retry", fail_first_try=True))
@@ -96,7 +96,7 @@ def test_retry_resumes_from_the_snapshot_of_the_failed_try(airflow, cairn_store:
         opens = [r for r in store.history(_key(run)) if r.kind is RecordKind.OPEN]
         assert len(opens) == 2  # one attempt per try, one key for both
         # Each try filed its outcome under its own epoch: the user error, then the success.
-        failed, succeeded = store.outcomes(_key(run))
+        failed, succeeded = store.records.outcomes(_key(run))
     assert [failed.epoch, succeeded.epoch] == [r.epoch for r in opens]
     assert failed.outcome.value == "failed" and "RuntimeError" in failed.detail["error"]
     assert failed.progress.kept_step == last_snapshot_step
@@ -120,10 +120,10 @@ def test_sigterm_takes_a_final_snapshot_and_the_retry_resumes_after_it(
     assert result["try"] == 2 and result["start"] == 13
     meta = airflow.xcom(run, "train", key="cairn")
     assert meta["resumed_step"] == 12 and meta["done"] is True
-    from cairn.store import open_store
+    from cairn import open_store
 
     with open_store(str(cairn_store)) as store:
-        kinds = [(o.outcome.value, o.progress.kept_step) for o in store.outcomes(_key(run))]
+        kinds = [(o.outcome.value, o.progress.kept_step) for o in store.records.outcomes(_key(run))]
     assert kinds == [("preempted", 12), ("succeeded", TOTAL - 1)]
 
 

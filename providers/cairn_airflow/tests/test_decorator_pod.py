@@ -30,12 +30,13 @@ import pytest
 from kubernetes.client import ApiClient
 
 from cairn.exceptions import ConfigError
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 from cairn.store.slotlog import RecordKind
 from cairn_airflow.kubernetes import CairnKubernetesPodOperator
 from cairn_airflow.kubernetes_decorator import function_source
-from cairn_airflow.operators import task_key
+from cairn_airflow.task_keys import task_key
 
 SIDECAR = "repo/cairn-sidecar:0.1.0"
 RUN_ID = "manual__2026-11-29T00:00:00+00:00"
@@ -167,7 +168,7 @@ def test_the_pod_script_trains_returns_and_marks_the_key_done(
     key = task_key(context)
     with open_store(store_url, create=False) as store:
         assert store.history(key)[-1].kind is RecordKind.DONE and store.snapshots(key) == []
-        (outcome,) = store.outcomes(key)
+        (outcome,) = store.records.outcomes(key)
         assert outcome.outcome is OutcomeKind.SUCCEEDED and outcome.progress.kept_step == 5
 
 
@@ -188,7 +189,7 @@ def test_a_failed_pod_try_resumes_and_keep_snapshots_keeps_them(
     with open_store(store_url, create=False) as store:
         assert store.history(key)[-1].kind is RecordKind.SNAP
         assert [s.manifest.step for s in store.snapshots(key)][0] == 5
-        assert [o.outcome for o in store.outcomes(key)] == [OutcomeKind.FAILED,
+        assert [o.outcome for o in store.records.outcomes(key)] == [OutcomeKind.FAILED,
                                                             OutcomeKind.SUCCEEDED]
 
 
@@ -223,7 +224,7 @@ def test_a_pod_script_whose_restore_fails_on_its_side_exits_8_and_skips_nothing(
     assert f"ValueError: {helper.INJECTED}" in stderr and "skipping snapshot" not in stderr
     with open_store(store_url, create=False) as store:
         assert [s.seq for s in store.snapshots(key)] == seqs and store.verify(key).ok
-        assert [o.outcome for o in store.outcomes(key)] == [OutcomeKind.FAILED] * 2
+        assert [o.outcome for o in store.records.outcomes(key)] == [OutcomeKind.FAILED] * 2
     code, result, stderr = run_pod_script(base, tmp_path)
     assert code == 0 and result["start"] == 4, stderr
 

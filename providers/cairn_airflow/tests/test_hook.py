@@ -62,7 +62,7 @@ def test_default_store_without_a_cairn_default_connection(monkeypatch: pytest.Mo
 
 
 def test_test_connection_opens_an_existing_store(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from cairn.store import open_store
+    from cairn import open_store
 
     store = tmp_path / "store"
     monkeypatch.setattr(CairnHook, "get_connection",

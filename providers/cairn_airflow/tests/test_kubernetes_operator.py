@@ -29,7 +29,8 @@ from kubernetes.client import models as k8s
 
 from cairn.exceptions import ConfigError, Fenced, Preempted, RestoreFailed
 from cairn.policy import CapacityOption, PolicySettings
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import Outcome, OutcomeKind
 from cairn_airflow.kubernetes import (
     IMAGE_STATE_KEY,
@@ -42,7 +43,7 @@ from cairn_airflow.kubernetes import (
     pod_end_error,
     record_pod_outcome,
 )
-from cairn_airflow.operators import task_key
+from cairn_airflow.task_keys import task_key
 
 DIGEST = "sha256:" + "ab" * 32
 SPOT = CapacityOption.gke_spot("l4-spot", price_per_hour=0.35, priority_class="cairn-spot")
@@ -197,7 +198,7 @@ def record_preemptions(store_url: str, key: Any, count: int) -> None:
     with open_store(store_url) as store:
         for epoch in range(1, count + 1):
             start = now - (count - epoch + 1) * 1800
-            store.record_outcome(key, Outcome(epoch=epoch, outcome=OutcomeKind.PREEMPTED,
+            store.records.record_outcome(key, Outcome(epoch=epoch, outcome=OutcomeKind.PREEMPTED,
                                               started_at=start, ended_at=start + 1200,
                                               option=SPOT.name, snapshot_cost_s=8.0))
 
@@ -403,7 +404,7 @@ def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(kubeconfig_for
         attempts["key"] = key
         with open_store(store_url) as store:
             old = store.open_attempt(key)      # an earlier try, before this pod started
-            store.record_outcome(key, Outcome(epoch=old.epoch, outcome=OutcomeKind.PREEMPTED,
+            store.records.record_outcome(key, Outcome(epoch=old.epoch, outcome=OutcomeKind.PREEMPTED,
                                               started_at=time.time() - 60,
                                               ended_at=time.time() - 30, option=SPOT.name))
             attempts["mine"] = store.open_attempt(key)  # what `cairn run` opens in this pod
@@ -414,7 +415,7 @@ def test_a_pod_the_node_ended_is_preempted_and_leaves_its_outcome(kubeconfig_for
     assert "returned a failure" in str(raised.value.__cause__)  # Airflow's verdict, mapped
     key, mine = attempts["key"], attempts["mine"]
     with open_store(store_url) as store:
-        outcomes = {o.epoch: o for o in store.outcomes(key)}
+        outcomes = {o.epoch: o for o in store.records.outcomes(key)}
         assert outcomes[mine.epoch].outcome is OutcomeKind.PREEMPTED
         assert outcomes[mine.epoch].option == "l4-spot"
         assert outcomes[mine.epoch].detail["disruption"] == "TerminationByKubelet"
@@ -450,7 +451,7 @@ def _tries(store_url: str, key: Any, kinds: list[OutcomeKind | None], *,
                     snap.add_bytes("state", data)
                     seqs.append(snap.commit().seq)
             if kind is not None:
-                store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=kind,
+                store.records.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=kind,
                                                   started_at=time.time() - 60,
                                                   ended_at=time.time() - 30))
     return seqs
@@ -535,8 +536,8 @@ def test_a_pod_that_ended_suspended_is_deleted_and_the_task_defers(
     def suspended_in_the_pod(key: Any) -> None:
         with open_store(store_url) as store:
             tried["key"], tried["epoch"] = str(key), store.open_attempt(key).epoch
-            store.request_suspend(key, by="operator", reason="GPUs needed")
-            store.record_outcome(key, Outcome(epoch=tried["epoch"],
+            store.records.request_suspend(key, by="operator", reason="GPUs needed")
+            store.records.record_outcome(key, Outcome(epoch=tried["epoch"],
                                               outcome=OutcomeKind.SUSPENDED,
                                               started_at=time.time() - 30,
                                               ended_at=time.time()))
@@ -703,7 +704,7 @@ def test_a_suspended_pod_step_resumes_on_the_placement_the_resume_names(
     start = int(next(line for line in out.splitlines() if line.startswith("start ")).split()[1])
     assert start >= 4  # resumed from the suspend snapshot, not from the start
     with open_store(store_url) as store:
-        suspended, resumed = store.outcomes(task_key(context))
+        suspended, resumed = store.records.outcomes(task_key(context))
     assert suspended.outcome is OutcomeKind.SUSPENDED and suspended.option == SPOT.name
     assert suspended.options == (SPOT.name, ON_DEMAND.name)
     assert resumed.outcome is OutcomeKind.SUCCEEDED and resumed.option == ON_DEMAND.name
@@ -716,8 +717,8 @@ def test_a_step_on_an_airflow_worker_cannot_be_moved(store_url: str) -> None:
     with open_store(store_url) as store:
         key = Key(("dag", "on_a_worker", "run", "-1"))
         attempt = store.open_attempt(key)
-        store.request_suspend(key, by="ops")
-        store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+        store.records.request_suspend(key, by="ops")
+        store.records.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
                                           started_at=time.time() - 5, ended_at=time.time()))
     refused = _cairn("resume", store_url, str(key), "--placement", ON_DEMAND.name, check=2)
     assert ("Airflow has no call that changes a task instance's queue or pool"

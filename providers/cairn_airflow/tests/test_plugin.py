@@ -25,7 +25,8 @@ def _commit(attempt, step: int, payload: bytes) -> int:  # noqa: ANN001 - a cair
 def store(tmp_path: Path) -> Iterator:
     """Two attempts: the first commits steps 4, 9, 14 and dies; the second resumes after 14
     and commits 19, 24 (retention keeps the newest three)."""
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     with open_store(str(tmp_path / "store")) as store:
         key = Key(KEY)
@@ -184,7 +185,8 @@ def test_page_escapes_values_and_draws_the_resume(store) -> None:  # noqa: ANN00
 def test_outcome_records_fill_the_outcome_column_and_a_pruned_resume_step(tmp_path: Path) -> None:
     """Retention removed the snapshot a try resumed from; its outcome record still tells the
     step it started at, and how it ended."""
-    from cairn.store import Key, StoreSettings, open_store
+    from cairn.store import Key, StoreSettings
+    from cairn import open_store
     from cairn.store.outcomes import Outcome, OutcomeKind, Progress
     from cairn_airflow.plugins.app import _outcomes
     from cairn_airflow.plugins.page import render_page
@@ -195,14 +197,14 @@ def test_outcome_records_fill_the_outcome_column_and_a_pruned_resume_step(tmp_pa
         first = store.open_attempt(key, note={"mode": "state"})
         _commit(first, 9, b"a" * 1000)
         now = time.time()
-        store.record_outcome(key, Outcome(epoch=first.epoch, outcome=OutcomeKind.PREEMPTED,
+        store.records.record_outcome(key, Outcome(epoch=first.epoch, outcome=OutcomeKind.PREEMPTED,
                                           started_at=now - 60, ended_at=now,
                                           progress=Progress(start_step=0, end_step=12,
                                                             kept_step=9),
                                           reason="spot reclaimed"))
         second = store.open_attempt(key, note={"mode": "state"})
         _commit(second, 19, b"b" * 1000)  # keep_last=1 prunes step 9
-        store.record_outcome(key, Outcome(epoch=second.epoch, outcome=OutcomeKind.SUCCEEDED,
+        store.records.record_outcome(key, Outcome(epoch=second.epoch, outcome=OutcomeKind.SUCCEEDED,
                                           started_at=now, ended_at=now + 30,
                                           progress=Progress(start_step=9, end_step=19)))
         outcomes = _outcomes(store, key)
@@ -237,7 +239,8 @@ def test_loading_the_plugin_and_building_its_app_imports_no_torch_or_criu() -> N
 
 def test_the_page_opens_an_encrypted_store_with_its_connections_secret(tmp_path: Path) -> None:
     from cairn.runtime.env import SECRET_FILE
-    from cairn.store import SecretError, load_secret_file, open_store, write_secret_file
+    from cairn.store import SecretError, load_secret_file, write_secret_file
+    from cairn import open_store
     from cairn_airflow.hooks import StoreConfig
     from cairn_airflow.plugins.app import open_config_store
 

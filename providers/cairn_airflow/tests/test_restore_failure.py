@@ -69,7 +69,8 @@ def _dag(dag_id: str, inject: Any):  # noqa: ANN202 - an Airflow DAG
 def test_a_restore_failing_on_the_worker_fails_the_task_without_a_retry(
         airflow, cairn_store: Path, one_thread: None) -> None:
     from cairn.state import Checkpointer
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.outcomes import OutcomeKind
 
     helper = read_failure()
@@ -84,7 +85,7 @@ def test_a_restore_failing_on_the_worker_fails_the_task_without_a_retry(
     assert ti.state == "failed" and ti.try_number == 2, "retries=3, yet no try 3"
     key = Key(("cairn_restore_failure", "train", run.run_id, "-1"))
     with open_store(str(cairn_store)) as store:
-        outcomes = store.outcomes(key)
+        outcomes = store.records.outcomes(key)
         assert [o.outcome for o in outcomes] == [OutcomeKind.FAILED, OutcomeKind.FAILED]
         assert f"ValueError: {helper.INJECTED}" in outcomes[1].detail["error"]
         assert "RestoreFailed" in outcomes[1].detail["error"]

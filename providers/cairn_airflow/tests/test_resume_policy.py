@@ -58,10 +58,11 @@ def _dag(dag_id: str, *, retries: int, crash_on_try: dict[int, int] | None = Non
 
 
 def _outcomes(store: Path, run: Any) -> list[str]:
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     with open_store(str(store)) as s:
-        return [o.outcome.value for o in s.outcomes(Key((run.dag_id, "train", run.run_id, "-1")))]
+        return [o.outcome.value for o in s.records.outcomes(Key((run.dag_id, "train", run.run_id, "-1")))]
 
 
 def test_max_error_retries_stops_a_crash_loop_before_retries_run_out(

@@ -78,7 +78,8 @@ def _first_life_ended(stack: AirflowStack, progress: Path) -> float:
 
 
 def _snapshots(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     if not (store / "cairn-store.json").exists():
         return []
@@ -138,10 +139,11 @@ def _gone(pid: int) -> bool:
 
 
 def _outcomes(store: Path, key: tuple[str, ...]) -> list:  # noqa: ANN001
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     with open_store(str(store), create=False) as s:
-        return s.outcomes(Key(key))
+        return s.records.outcomes(Key(key))
 
 
 def test_mark_failed_takes_a_final_snapshot_and_clear_resumes_after_it(stack: AirflowStack,
@@ -182,7 +184,8 @@ def test_a_zombie_first_try_is_fenced_when_its_retry_starts(stack: AirflowStack,
     its next snapshot, within one snapshot interval of steps."""
     from datetime import datetime
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.slotlog import RecordKind
 
     dag_id, every = "cairn_cooperative_training", 100

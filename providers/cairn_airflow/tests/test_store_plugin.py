@@ -86,10 +86,11 @@ def test_a_task_resumes_from_the_toy_store(airflow, tmp_path: Path, monkeypatch:
     last_snapshot_step = (FAIL_AFTER + 1) // EVERY * EVERY - 1
     assert result == {"start": last_snapshot_step + 1, "try": 2, "store": "toy://bucket/airflow"}
     assert "CAIRN_TOY_STORE_ROOT" not in os.environ
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     monkeypatch.setenv("CAIRN_TOY_STORE_ROOT", str(root))
     with open_store("toy://bucket/airflow", create=False) as store:
-        outcomes = store.outcomes(Key((run.dag_id, "train", run.run_id, "-1")))
+        outcomes = store.records.outcomes(Key((run.dag_id, "train", run.run_id, "-1")))
     assert [o.outcome.value for o in outcomes] == ["failed", "succeeded"]
     assert any(root.glob("bucket/*"))

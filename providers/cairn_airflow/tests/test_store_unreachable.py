@@ -17,7 +17,8 @@ def test_unreachable_store_fails_each_try_before_the_callable_runs(
     from airflow.sdk import DAG, task
 
     from cairn.runtime import env
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn_airflow.local_services import GcsServer
 
     server = GcsServer()  # a real bucket's stand-in, stopped: its port refuses connections

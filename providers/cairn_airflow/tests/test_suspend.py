@@ -28,7 +28,8 @@ def _self_suspending_dag(dag_id: str, progress: Path):  # noqa: ANN202 - an Airf
 
             import torch
 
-            from cairn.store import Key, open_store
+            from cairn.store import Key
+            from cairn import open_store
 
             model = torch.nn.Linear(2, 1)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -41,7 +42,7 @@ def _self_suspending_dag(dag_id: str, progress: Path):  # noqa: ANN202 - an Airf
                     f.write(f"{os.getpid()} {step} {ti.try_number}\n")
                 if step == SUSPEND_AT and start == 0:
                     with open_store(os.environ["CAIRN_STORE"]) as store:
-                        store.request_suspend(Key.parse(os.environ["CAIRN_KEY"]),
+                        store.records.request_suspend(Key.parse(os.environ["CAIRN_KEY"]),
                                               by="test", reason="needs the GPU")
                     import time
 
@@ -56,7 +57,8 @@ def _self_suspending_dag(dag_id: str, progress: Path):  # noqa: ANN202 - an Airf
 @pytest.mark.slow
 def test_a_suspended_task_defers_and_continues_after_resume_after(
         airflow, cairn_store: Path, tmp_path: Path, one_thread: None) -> None:
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     progress = tmp_path / "progress.log"
     run = airflow.run(_self_suspending_dag("cairn_self_suspend", progress))
@@ -70,8 +72,8 @@ def test_a_suspended_task_defers_and_continues_after_resume_after(
     assert airflow.xcom(run, "train")["start"] == SUSPEND_AT + 1
     key = Key((run.dag_id, "train", run.run_id, "-1"))
     with open_store(str(cairn_store)) as store:
-        outcomes = [o.outcome.value for o in store.outcomes(key)]
-        requests = store.requests(key)
+        outcomes = [o.outcome.value for o in store.records.outcomes(key)]
+        requests = store.records.requests(key)
     assert outcomes == ["suspended", "succeeded"]
     assert [(r.kind.value, r.by) for r in requests] == [("suspend", "test"),
                                                        ("resume", "airflow (resume_after)")]
@@ -107,7 +109,8 @@ def test_a_deferral_that_timed_out_fails_without_a_retry_and_says_how_to_go_on(
     from airflow.models.trigger import TriggerFailureReason
     from airflow.sdk.exceptions import AirflowFailException, TaskDeferralTimeout
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     url = str(tmp_path / "store")
     op = _operator(execution_timeout=timedelta(hours=1), store_url=url)
@@ -118,7 +121,7 @@ def test_a_deferral_that_timed_out_fails_without_a_retry_and_says_how_to_go_on(
         # Not suspended: another deferral's timeout is Airflow's own error.
         with pytest.raises(TaskDeferralTimeout):
             op.resume_execution(*timed_out)
-        store.request_suspend(key, by="tester")
+        store.records.request_suspend(key, by="tester")
     with pytest.raises(AirflowFailException) as caught:
         op.resume_execution(*timed_out)
     message = str(caught.value)

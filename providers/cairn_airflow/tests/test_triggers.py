@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from cairn.exceptions import ConfigError
-from cairn.store import Key, SnapshotMode, open_store
+from cairn.store import Key, SnapshotMode
+from cairn import open_store
 from cairn_airflow.triggers import CairnResumeTrigger, look
 
 KEY = Key(("dag", "train", "manual__1", "-1"))
@@ -24,7 +25,7 @@ def suspended_try(url: str, *, secret: object = None) -> int:
         with attempt.snapshot(mode=SnapshotMode.STATE) as snap:
             snap.add_bytes("state.bin", b"x")
             snap.commit(step=0)
-        store.request_suspend(KEY, by="tester", reason="the GPUs are needed")
+        store.records.request_suspend(KEY, by="tester", reason="the GPUs are needed")
         return attempt.epoch
 
 
@@ -79,7 +80,7 @@ def test_it_waits_while_held_and_fires_on_the_resume(tmp_path: Path) -> None:
 
 def _resume(url: str) -> None:
     with open_store(url) as store:
-        store.request_resume(KEY, by="operator", reason="the urgent job is done")
+        store.records.request_resume(KEY, by="operator", reason="the urgent job is done")
 
 
 def test_resume_after_fires_without_a_request(tmp_path: Path) -> None:
@@ -90,7 +91,7 @@ def test_resume_after_fires_without_a_request(tmp_path: Path) -> None:
     payload = asyncio.run(asyncio.wait_for(first_event(trigger), timeout=30))
     assert payload["status"] == "resume_after" and payload["epoch"] == epoch
     with open_store(url) as store:  # the trigger wrote nothing: the continuation asks
-        assert store.suspension(KEY).held
+        assert store.records.suspension(KEY).held
 
 
 def test_it_does_not_fire_before_not_before(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_an_encrypted_store_is_read_with_the_secret_file_it_is_given(tmp_path: P
         look(url, str(KEY), epoch)
     assert look(url, str(KEY), epoch, secret_file=path) is None  # read, and still held
     with open_store(url, secret=load_secret_file(path)) as store:
-        store.request_resume(KEY, by="operator")
+        store.records.request_resume(KEY, by="operator")
     assert look(url, str(KEY), epoch, secret_file=path)["status"] == "resumed"
 
 

@@ -25,7 +25,8 @@ def training(store: Path, key: str, *, pace: float) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 def test_the_page_of_a_finished_step_shows_the_killed_try(tmp_path: Path) -> None:
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn_airflow.plugins.page import render_page
     from cairn_airflow.plugins.report import build_report
 
@@ -46,7 +47,7 @@ def test_the_page_of_a_finished_step_shows_the_killed_try(tmp_path: Path) -> Non
     start = int(next(line for line in out.splitlines() if line.startswith("start ")).split()[1])
 
     with open_store(str(store_dir), create=False) as store:
-        report = build_report(store, key, outcomes=store.outcomes(key))
+        report = build_report(store, key, outcomes=store.records.outcomes(key))
     assert report.state == "done" and report.snapshots == ()
     killed, succeeded = report.tries
     # Before: "snapshots 0" and "last step –" once retention had removed the records.

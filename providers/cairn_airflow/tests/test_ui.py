@@ -157,7 +157,8 @@ def test_anonymous_and_unauthorized_requests_are_refused(client: Any, run: Run) 
 
 
 def test_the_api_reports_the_runs_snapshots_and_its_resume(client: Any, run: Run) -> None:
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     headers = {"Authorization": f"Bearer {_token(client, 'viewer')}"}
     response = client.get(f"/cairn/api/snapshots?{run.query}", headers=headers)
@@ -298,7 +299,8 @@ def test_a_browser_suspends_and_resumes_a_running_step(
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.outcomes import Outcome, OutcomeKind
 
     run_id = "manual__suspend-ui"
@@ -332,7 +334,7 @@ def test_a_browser_suspends_and_resumes_a_running_step(
     assert browser.find_element(By.ID, "resume-by").text.startswith(
         "resume asked by admin (Airflow)")
     with open_store(str(run.store)) as store:
-        current = store.suspension(Key((DAG_ID, TASK_ID, run_id, "-1")))
+        current = store.records.suspension(Key((DAG_ID, TASK_ID, run_id, "-1")))
     assert current is not None and current.state.value == "resume-requested"
     assert current.suspend.reason == "an urgent job needs the GPUs"
     assert browser.find_elements(By.ID, "placement") == []  # a worker step: nothing to choose
@@ -343,8 +345,8 @@ def test_a_browser_suspends_and_resumes_a_running_step(
     moved_key = Key((DAG_ID, TASK_ID, moved_id, "-1"))
     with open_store(str(run.store)) as store:
         attempt = store.open_attempt(moved_key)
-        store.request_suspend(moved_key, by="ops")
-        store.record_outcome(moved_key, Outcome(
+        store.records.request_suspend(moved_key, by="ops")
+        store.records.record_outcome(moved_key, Outcome(
             epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED, started_at=time.time() - 5,
             ended_at=time.time(), option="l4-spot", options=("l4-spot", "l4-on-demand")))
     browser.get(f"{api_server}/cairn/snapshots?" + urlencode(
@@ -354,7 +356,7 @@ def test_a_browser_suspends_and_resumes_a_running_step(
     browser.find_element(By.ID, "resume").click()
     wait.until(ec.presence_of_element_located((By.ID, "resume-by")))
     with open_store(str(run.store)) as store:
-        moved = store.suspension(moved_key)
+        moved = store.records.suspension(moved_key)
     assert moved is not None and moved.resume is not None
     assert (moved.resume.by, moved.resume.placement) == ("admin (Airflow)", "l4-on-demand")
 
@@ -386,7 +388,8 @@ def test_a_connection_from_the_metadata_db_and_a_foreign_one(client: Any, run: R
 
 def test_discarding_needs_edit_access_and_a_same_origin_form(client: Any, run: Run) -> None:
     """Runs last: it removes the module's snapshots."""
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     discard_api = f"/cairn/api/snapshots/discard?{run.query}"
     assert client.post(discard_api).status_code == 401

@@ -160,7 +160,8 @@ def test_a_forged_conn_id_is_refused(client: Any, stores: dict[str, Path]) -> No
         discard = client.post(f"/cairn/api/snapshots/discard?{_query(conn_id='team_b')}",
                               headers=headers)
         assert discard.status_code == 403
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     with open_store(str(stores["team_b"])) as store:  # nothing of team_b's was touched
         assert len(store.snapshots(Key((MINE, TASK_ID, RUN_ID, "-1")))) == 3
@@ -216,7 +217,8 @@ def test_suspend_and_resume_need_clear_access(client: Any, stores: dict[str, Pat
     """Issue 19: the page's suspend and resume write request records as `cairn suspend` and
     `cairn resume` do, recorded as made by the Airflow user; readers and other DAGs' users
     are refused and nothing is written."""
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     key = Key((MINE, TASK_ID, RUN_ID, "-1"))
     reader, editor = _auth(client, "reader"), _auth(client, "editor")
@@ -229,9 +231,9 @@ def test_suspend_and_resume_need_clear_access(client: Any, stores: dict[str, Pat
                              headers=editor)
         assert forged.status_code == 403
     with open_store(str(stores["own"])) as store:
-        assert store.suspension(key) is None
+        assert store.records.suspension(key) is None
     with open_store(str(stores["team_b"])) as store:
-        assert store.suspension(key) is None
+        assert store.records.suspension(key) is None
 
     refused = client.post(f"/cairn/api/snapshots/resume?{_query()}", headers=editor)
     assert refused.status_code == 409 and "not suspended" in refused.json()["detail"]
@@ -262,7 +264,7 @@ def test_suspend_and_resume_need_clear_access(client: Any, stores: dict[str, Pat
     assert form.status_code == 303, form.text
     assert "asked=resume" in form.headers["location"]
     with open_store(str(stores["own"])) as store:
-        current = store.suspension(key)
+        current = store.records.suspension(key)
     assert current is not None and current.resume is not None
     assert current.resume.by == "editor (Airflow)" and current.resume.reason == "urgent job done"
 
@@ -274,15 +276,16 @@ def test_the_page_resumes_a_pod_step_on_another_of_its_options(
     not an option answers 409 with the names, and a suspend cannot name one."""
     import time
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.outcomes import Outcome, OutcomeKind
 
     run_id = "manual__move"
     key = Key((MINE, TASK_ID, run_id, "-1"))
     with open_store(str(stores["own"])) as store:
         attempt = store.open_attempt(key)
-        store.request_suspend(key, by="ops")
-        store.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+        store.records.request_suspend(key, by="ops")
+        store.records.record_outcome(key, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
                                           started_at=time.time() - 5, ended_at=time.time(),
                                           option="l4-spot",
                                           options=("l4-spot", "l4-on-demand")))
@@ -302,7 +305,7 @@ def test_the_page_resumes_a_pod_step_on_another_of_its_options(
                        follow_redirects=False)
     assert form.status_code == 303, form.text
     with open_store(str(stores["own"])) as store:
-        current = store.suspension(key)
+        current = store.records.suspension(key)
     assert current is not None and current.resume is not None
     assert (current.resume.by, current.resume.placement) == ("editor (Airflow)",
                                                              "l4-on-demand")
@@ -313,7 +316,8 @@ def test_the_page_resumes_a_pod_step_on_another_of_its_options(
 
 def test_discard_needs_clear_access(client: Any, stores: dict[str, Path]) -> None:
     """Runs last: it removes DAG cairn_ui_mine's snapshots from its own store."""
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     url = f"/cairn/api/snapshots/discard?{_query()}"
     assert client.post(url, headers=_auth(client, "reader")).status_code == 403

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.support import tamper
 from tests.support.hang import HANG_S
 
@@ -166,4 +167,4 @@ def test_suspend_and_resume_a_running_step(tmp_path) -> None:  # noqa: ANN001
     never = cairn("resume", url, str(other), check=2)
     assert "not suspended" in never.stderr
     with open_store(url, create=False) as store:
-        assert store.requests(other) == [], "refused asks write nothing"
+        assert store.records.requests(other) == [], "refused asks write nothing"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cairn.runtime.exits import ExitCode
-from cairn.store import Key, load_secret_file, open_store, write_secret_file
+from cairn.store import Key, load_secret_file, write_secret_file
+from cairn import open_store
 from tests.support.hang import HANG_S
 from tests.support.read_failure import INJECTED, injecting_env
 

@@ -108,7 +108,8 @@ def test_finish_marks_the_key_done(tmp_path: Path) -> None:
     import torch
 
     from cairn.integrations.lightning import CairnCheckpoint
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
     from cairn.store.slotlog import RecordKind
     from tests.support.lightning_training import TinyModule, cpu_trainer
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from cairn.runtime import channel
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
@@ -100,7 +101,7 @@ def _run(tmp_path: Path, shared: Path, key: str, metrics_file: Path, every: str)
 
 def _outcome(tmp_path: Path, key: str) -> object:
     with open_store(str(tmp_path / "store"), create=False) as store:
-        return store.outcomes(Key.parse(key))[-1]
+        return store.records.outcomes(Key.parse(key))[-1]
 
 
 @pytest.mark.isolated  # CRIU restores at fixed PIDs
@@ -263,6 +264,6 @@ def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
         (final,) = _state_snapshots(tmp_path, key)
         assert final.manifest.step == run.lines("loss")[-1]
         with open_store(str(tmp_path / "store"), create=False) as store:
-            assert [o.outcome.value for o in store.outcomes(Key.parse(key))] == []
+            assert [o.outcome.value for o in store.records.outcomes(Key.parse(key))] == []
     finally:
         assert sidecar.stop() == 0, sidecar.stderr

@@ -15,7 +15,8 @@ import pytest
 
 from cairn.process.spool import Spool
 from cairn.runtime import channel
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
@@ -60,7 +61,7 @@ def test_a_suspend_request_is_honoured_by_the_main_container_in_a_pod(tmp_path: 
             assert "suspended on request" in first.stderr and "GPUs for an urgent job" in \
                 first.stderr
             with open_store(str(store), create=False) as s:
-                outcome = s.outcomes(Key.parse(key))[-1]
+                outcome = s.records.outcomes(Key.parse(key))[-1]
                 seq = s.snapshots(Key.parse(key))[0].seq
             assert outcome.outcome.value == "suspended"
             assert outcome.detail["suspend"]["reason"] == "GPUs for an urgent job"

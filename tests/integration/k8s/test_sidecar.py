@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cairn.runtime import channel
 from cairn.k8s.watchers import MAINTENANCE_LABEL
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.integration.k8s.fakes import FakeKubernetesAPI, FakeMetadataServer, serve
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
 from tests.support.hang import HANG_S

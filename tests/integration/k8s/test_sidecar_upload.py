@@ -20,7 +20,8 @@ import pytest
 from cairn.runtime import channel
 from cairn.process import spool as spool_mod
 from cairn.process.spool import Spool
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.slotlog import RecordKind
 from tests.integration.k8s.fakes import FakeMetadataServer, serve
 from tests.integration.k8s.test_sidecar import SidecarProcess

@@ -15,7 +15,8 @@ from cairn.exceptions import Preempted
 from cairn.runtime import channel
 from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 
 KEY = "dag/train/run-1"
 

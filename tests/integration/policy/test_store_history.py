@@ -1,5 +1,5 @@
 """The policy and the simulator on a real store: outcome records written through
-Store.record_outcome become the policy's history and the simulator's trace."""
+Store.records.record_outcome become the policy's history and the simulator's trace."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from cairn.policy import CapacityOption, History, PolicySettings, decide
-from cairn.store import Key, Store, open_store
+from cairn.store import Key, Store
+from cairn import open_store
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress
 from tests.support.hang import HANG_S
 
@@ -48,12 +49,12 @@ def run_try(store: Store, *, outcome: OutcomeKind, option: str, reason: str, sta
                                        snapshot_seq=manifest.seq if kept > start_step else None),
                      snapshot_cost_s=12.0, restore_cost_s=20.0 if start_step else None,
                      option=option, reason=reason)
-    store.record_outcome(KEY, record)
+    store.records.record_outcome(KEY, record)
     return record
 
 
 def _now(store: Store, epoch: int) -> float:
-    (open_try,) = [t for t in store.tries(KEY) if t.epoch == epoch]
+    (open_try,) = [t for t in store.records.tries(KEY) if t.epoch == epoch]
     return open_try.opened_at
 
 

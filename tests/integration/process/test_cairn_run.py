@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from cairn.process.pids import pid_max
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.support.cairn_run import (
     COUNTER,
     CRIU,
@@ -142,7 +143,7 @@ def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
     assert metric_steps(place["metrics"]) == list(range(400))
     # Each try left its outcome record: preempted (with its final snapshot), then succeeded.
     with open_store(str(place["store"]), create=False) as store:
-        first, second = store.outcomes(Key.parse("dag/task/1"))
+        first, second = store.records.outcomes(Key.parse("dag/task/1"))
     assert (first.outcome.value, first.progress.snapshot_seq) == ("preempted", final)
     assert first.detail["signal"] == "SIGTERM" and first.detail["exit_code"] == 75
     assert (second.outcome.value, second.detail["resumed_from_seq"]) == ("succeeded", final)
@@ -166,7 +167,7 @@ def test_a_workload_killed_just_before_its_run_is_signalled_ends_preempted_not_f
     assert "the workload ended with 143, signalled with this run" in run.stderr, run.stderr
     kept = run.committed()[-1]
     with open_store(str(place["store"]), create=False) as store:
-        (outcome,) = store.outcomes(Key.parse("dag/task/1"))
+        (outcome,) = store.records.outcomes(Key.parse("dag/task/1"))
     assert outcome.outcome.value == "preempted" and outcome.detail["exit_code"] == 76, outcome
     _restores(place, kept)
 
@@ -183,7 +184,7 @@ def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_contin
              or run.proc.poll() is not None, 120, "10 steps")
     assert run.proc.poll() is None, run.stderr
     with open_store(str(place["store"]), create=False) as store:
-        ask = store.request_suspend(key, by="ops@example", reason="urgent job")
+        ask = store.records.request_suspend(key, by="ops@example", reason="urgent job")
         asked = time.monotonic()
         assert run.wait() == 77, run.stderr
         exited = time.monotonic() - asked
@@ -193,7 +194,7 @@ def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_contin
         final = int(re.search(r"final snapshot seq (\d+) holds", run.stderr).group(1))
         at_stop = metric_steps(place["metrics"])
         assert run.snapshots()[0] == final and len(at_stop) < steps
-        (outcome,) = store.outcomes(key)
+        (outcome,) = store.records.outcomes(key)
         assert (outcome.outcome.value, outcome.detail["exit_code"]) == ("suspended", 77)
         assert outcome.detail["suspend"]["by"] == "ops@example"
         assert outcome.progress.snapshot_seq == final
@@ -211,7 +212,7 @@ def test_a_suspend_request_stops_the_run_with_a_final_snapshot_and_resume_contin
         assert store.log(key).seqs() == seqs, "a held key opens no attempt"
         assert metric_steps(place["metrics"]) == at_stop
 
-        assert store.request_resume(key, by="ops@example").epoch == ask.epoch
+        assert store.records.request_resume(key, by="ops@example").epoch == ask.epoch
     resumed = _counter(place, steps, env=poll)
     assert resumed.wait() == 0, resumed.stderr
     assert f"restored snapshot seq {final}" in resumed.stderr
@@ -228,7 +229,7 @@ def test_sigterm_without_budget_keeps_the_previous_snapshot(place: dict[str, Pat
     assert "no final snapshot" in run.stderr and f"snapshot seq {kept} kept" in run.stderr
     assert run.snapshots()[0] == kept
     with open_store(str(place["store"]), create=False) as store:
-        (outcome,) = store.outcomes(Key.parse("dag/task/1"))
+        (outcome,) = store.records.outcomes(Key.parse("dag/task/1"))
     assert (outcome.outcome.value, outcome.detail["exit_code"]) == ("preempted", 76)
     assert outcome.progress.snapshot_seq == kept
     assert gone(run.child_pid())
@@ -334,7 +335,7 @@ def test_excluded_snapshots_are_not_restored(place: dict[str, Path]) -> None:
         newest, previous = [i.seq for i in store.snapshots(Key.parse("dag/task/1"))[:2]]
     _restores(place, previous, env={"CAIRN_EXCLUDE_SEQS": str(newest)})
     with open_store(str(place["store"]), create=False) as store:
-        assert store.tries(Key.parse("dag/task/1"))[-1].resumed_from == previous
+        assert store.records.tries(Key.parse("dag/task/1"))[-1].resumed_from == previous
 
 
 def test_changed_script_or_host_record_starts_fresh_saying_why(place: dict[str, Path]) -> None:

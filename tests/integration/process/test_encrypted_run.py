@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import Key, open_store, write_secret_file
+from cairn.store import Key, write_secret_file
+from cairn import open_store
 from cairn.store.keyring import load_secret_file
 from cairn.process.criu import has_feature
 from tests.support.cairn_run import CRIU, CairnRun, can_run_criu, gone, metric_steps, wait_for

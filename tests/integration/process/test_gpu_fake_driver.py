@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 from tests.support.cairn_run import CairnRun, can_run_criu, descendants, gone, metric_steps, \
     wait_for
@@ -188,7 +189,7 @@ def test_a_lock_that_hangs_on_notice_times_out_inside_the_grace(place: dict) -> 
     assert len(stalls) == len(run.committed()) >= 1, run.stderr
     status = json.loads(status_file.read_text())
     with open_store(place["store"], create=False) as store:
-        (outcome,) = store.outcomes(Key.parse("gpu/fake/1"))
+        (outcome,) = store.records.outcomes(Key.parse("gpu/fake/1"))
     assert outcome.outcome is OutcomeKind.PREEMPTED
     assert outcome.gpu_stall_s == pytest.approx(status["gpu_stall_seconds"], abs=1e-3)
     assert outcome.frozen_s == pytest.approx(status["frozen_seconds"], abs=1e-3)

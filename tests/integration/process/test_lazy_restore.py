@@ -19,7 +19,8 @@ from cairn.process import criu as criu_mod
 from cairn.process import uffd
 from cairn.process.images import PAGE_SIZE, PE_LAZY, read_pagemap
 from cairn.runtime.exits import ExitCode
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu, \
     kill_after_commits, metric_steps, wait_for
 from tests.support.tamper import flip_byte

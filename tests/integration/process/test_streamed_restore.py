@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, kill_after_commits, \
     metric_steps
 from tests.support.tamper import flip_byte

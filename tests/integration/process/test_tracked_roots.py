@@ -225,7 +225,7 @@ def test_cairn_run_skips_a_crafted_snapshot_saying_why_and_starts_fresh(
     (a copied compatibility record) and names a file outside the roots; `cairn run` refuses it
     before CRIU sees it, logs why, starts the command fresh, and the file is untouched."""
     from cairn.process import compat as compat_mod
-    from cairn.store import open_store
+    from cairn import open_store
     from tests.support.cairn_run import COUNTER, CRIU, CairnRun, can_run_criu
 
     if not can_run_criu():

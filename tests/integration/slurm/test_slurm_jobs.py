@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 from tests.support.cairn_run import can_run_criu
 from tests.support.slurm_cluster import SlurmCluster
@@ -97,7 +98,7 @@ class Job:
 
     def outcomes(self):  # noqa: ANN201 - a list of Outcome
         with open_store(str(self.store), create=False) as store:
-            return store.outcomes(self.key)
+            return store.records.outcomes(self.key)
 
 
 def submit_high(cluster: SlurmCluster, tmp_path: Path) -> int:

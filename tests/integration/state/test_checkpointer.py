@@ -102,7 +102,7 @@ def test_excluded_snapshots_are_never_restored_and_the_open_record_says_so(store
     fresh = Checkpointer(store=store, key=KEY, exclude_seqs={older, newer})
     assert fresh.restore(model=model2, optimizer=opt2) == 0 and fresh.restored_from is None
     fresh.close()
-    tries = store.tries(Key.parse(KEY))
+    tries = store.records.tries(Key.parse(KEY))
     assert [t.resumed_from for t in tries] == [None, older, None]
 
 

@@ -12,7 +12,8 @@ from cairn.exceptions import StoreError, Suspended
 from cairn.runtime.exits import ExitCode
 from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 
 KEY = Key.parse("dag/train/run-1/0")
@@ -39,7 +40,7 @@ def test_a_failed_final_snapshot_is_tried_again_and_a_held_key_opens_nothing(
     model, opt = _trained()
     ckpt = _checkpointer(store)
     ckpt.restore(model=model, optimizer=opt)
-    store.request_suspend(KEY, by="ops@example", reason="urgent job")
+    store.records.request_suspend(KEY, by="ops@example", reason="urgent job")
     real_save, calls = ckpt.save, []
 
     def fails_once(step: int, **kw: object):  # noqa: ANN202
@@ -55,7 +56,7 @@ def test_a_failed_final_snapshot_is_tried_again_and_a_held_key_opens_nothing(
     assert calls == [0, 1]
     assert raised.value.code == ExitCode.SUSPENDED
     assert raised.value.seq == store.manifest(KEY).seq and store.manifest(KEY).step == 1
-    (outcome,) = store.outcomes(KEY)
+    (outcome,) = store.records.outcomes(KEY)
     assert outcome.outcome is OutcomeKind.SUSPENDED and outcome.progress.kept_step == 1
     assert outcome.detail["suspend"]["reason"] == "urgent job"
     ckpt.close()
@@ -74,9 +75,9 @@ def test_a_resume_before_the_next_step_cancels_the_suspend(tmp_path: Path) -> No
     model, opt = _trained()
     ckpt = _checkpointer(store)
     ckpt.restore(model=model, optimizer=opt)
-    store.request_suspend(KEY)
-    store.request_resume(KEY)
+    store.records.request_suspend(KEY)
+    store.records.request_resume(KEY)
     assert ckpt.step(0) is False
-    assert store.outcomes(KEY) == [] and store.snapshots(KEY) == []
+    assert store.records.outcomes(KEY) == [] and store.snapshots(KEY) == []
     ckpt.close()
     store.close()

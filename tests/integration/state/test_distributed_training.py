@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from tests.support.hang import HANG_S
 
 REPO = Path(__file__).resolve().parents[3]

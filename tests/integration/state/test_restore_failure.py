@@ -19,7 +19,8 @@ from cairn.exceptions import RestoreFailed, RestoreFailedExit
 from cairn.runtime.exits import ExitCode
 from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.keyring import new_secret
 from tests.support.hang import HANG_S
 from tests.support.read_failure import INJECTED, failing_reads, injecting_env

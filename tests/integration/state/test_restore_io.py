@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cairn.state import Checkpointer
-from cairn.store import Store, StoreSettings, open_store
+from cairn.store import Store, StoreSettings
+from cairn import open_store
 from tests.support.pagecache import evict, pack_files, require_page_cache, resident_pages
 
 KEY = "dag/train/run-1/0"

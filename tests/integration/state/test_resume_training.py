@@ -93,7 +93,8 @@ def test_sigterm_takes_a_final_snapshot_then_chains_the_previous_handler(tmp_pat
     last_step = max(losses(seen))
     assert last_step < TOTAL - 1
 
-    from cairn.store import Key, open_store
+    from cairn.store import Key
+    from cairn import open_store
 
     store = open_store(str(tmp_path / "store"), create=False)
     assert store.manifest(Key.parse("dag/train/run-1/0")).step == last_step, "a step was lost"

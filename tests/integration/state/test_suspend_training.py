@@ -1,4 +1,4 @@
-"""Real torch training suspended on request mid-run (``Store.request_suspend``, as ``cairn
+"""Real torch training suspended on request mid-run (``Store.records.request_suspend``, as ``cairn
 suspend`` asks): a final snapshot at the next step, exit 77, outcome ``suspended``; no try
 starts while the key is held; after a resume every step runs exactly once, bit-identical to a
 run never suspended."""
@@ -14,7 +14,8 @@ import pytest
 
 from cairn.runtime import env
 from cairn.runtime.exits import ExitCode
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store.outcomes import OutcomeKind
 from tests.support.hang import HANG_S
 from tests.support.resume_runs import finish, losses, same_weights, start
@@ -44,7 +45,7 @@ def test_a_suspended_run_takes_a_final_snapshot_and_resumes_every_step_once(
         for line in victim.stdout:
             seen.append(line.strip())
             if line.startswith("loss 5 "):
-                store.request_suspend(key, by="ops@example", reason="urgent job")
+                store.records.request_suspend(key, by="ops@example", reason="urgent job")
                 asked = time.monotonic()
                 break
         seen += [line.strip() for line in victim.stdout]
@@ -58,12 +59,12 @@ def test_a_suspended_run_takes_a_final_snapshot_and_resumes_every_step_once(
         last = max(losses(seen))
         assert 5 <= last < TOTAL - 1
         assert store.manifest(key).step == last, "the final snapshot holds the last step"
-        (outcome,) = store.outcomes(key)
+        (outcome,) = store.records.outcomes(key)
         assert outcome.outcome is OutcomeKind.SUSPENDED
         assert outcome.detail["suspend"]["by"] == "ops@example"
         assert outcome.progress.kept_step == last
         # (A try started while the key is held: test_checkpointer_suspend.py.)
-        store.request_resume(key, by="ops@example")
+        store.records.request_resume(key, by="ops@example")
     finally:
         store.close()
     resumed = finish(_train(tmp_path / "store", tmp_path / "victim.pt"))

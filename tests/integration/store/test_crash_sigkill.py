@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import NoSnapshot
-from cairn.store.store import SnapshotInfo, Store, open_store
+from cairn.store.store import SnapshotInfo, Store
+from cairn import open_store
 from tests.support.crash_writer import KEY, SETTINGS, ack_path, snapshot_files, store_dir
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from cairn.store import Key, Store, StoreSettings, open_store
+from cairn.store import Key, Store, StoreSettings
+from cairn import open_store
 
 KEY = Key(("dag", "train", "run-1", "0"))
 MB = 1_000_000

@@ -10,7 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from cairn.store import Key, Manifest, Store, StoreSettings, open_store
+from cairn.store import Key, Manifest, Store, StoreSettings
+from cairn import open_store
 from cairn.store.aligned import DIRECT_IO_ALIGN, DIRECT_IO_MIN, aligned_buffer
 from cairn.store.sealing import TAG_BYTES
 from tests.support.pagecache import evict, pack_files, require_page_cache, resident_pages

@@ -18,12 +18,12 @@ import pytest
 
 from cairn.exceptions import CorruptSnapshot, NoSnapshot
 from cairn.runtime.stores import open_store as open_configured
-from cairn.store import Key, SecretError, Store, StoreSettings, open_store
+from cairn.store import Key, SecretError, Store, StoreSettings
 from cairn.store.keyring import new_secret, record_name as keyring_record, write_secret_file
 from cairn.store.outcomes import Outcome, OutcomeKind, outcome_name
 from cairn.store.sealing import TAG_BYTES, pack_key_id
 from cairn.store.slotlog import record_name
-from cairn.store.store import CONFIG_NAME
+from cairn.store.settings import CONFIG_NAME
 from tests.support import tamper
 
 KEY = Key.parse("dag/train/run-1")
@@ -39,7 +39,7 @@ def secret():  # noqa: ANN201
 
 @pytest.fixture()
 def sealed(backend_url: str, secret) -> Store:  # noqa: ANN001
-    store = open_store(backend_url, settings=SETTINGS, secret=secret)
+    store = Store.open(backend_url, settings=SETTINGS, secret=secret)
     yield store
     store.close()
 
@@ -69,11 +69,11 @@ def _names(store: Store) -> list[str]:
 def test_a_bucket_reader_sees_names_and_sizes_only(sealed: Store, tmp_path: Path) -> None:
     attempt = sealed.open_attempt(KEY)
     data = _commit(sealed, attempt, 1)
-    sealed.request_suspend(KEY, reason="operator note " + MARKER.decode())
-    sealed.record_outcome(KEY, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
+    sealed.records.request_suspend(KEY, reason="operator note " + MARKER.decode())
+    sealed.records.record_outcome(KEY, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.SUSPENDED,
                                        started_at=1.0, ended_at=2.0,
                                        detail={"note": "done " + MARKER.decode()}))
-    assert sealed.suspension(KEY) is not None and sealed.outcomes(KEY)
+    assert sealed.records.suspension(KEY) is not None and sealed.records.outcomes(KEY)
     for name in _names(sealed):
         content = _raw(sealed).read(name)
         assert MARKER not in content, name
@@ -89,7 +89,7 @@ def test_chunk_names_are_keyed_so_dedup_works_for_the_key_holder_only(
         backend_url: str, secret, tmp_path: Path) -> None:  # noqa: ANN001
     from cairn.store.hashing import digest
 
-    with open_store(backend_url, settings=SETTINGS, secret=secret) as store:
+    with Store.open(backend_url, settings=SETTINGS, secret=secret) as store:
         attempt = store.open_attempt(KEY)
         first = _commit(store, attempt, 1)
         with attempt.snapshot() as snap:  # the same bytes again: all dedup
@@ -174,8 +174,8 @@ def test_an_old_manifest_replayed_at_a_newer_seq_is_rejected(
 
 def test_a_record_from_another_store_with_the_same_secret_is_rejected(
         backend_url: str, secret, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
-    with open_store(backend_url, settings=SETTINGS, secret=secret) as here, \
-            open_store(f"{backend_url}-twin", settings=SETTINGS, secret=secret) as twin:
+    with Store.open(backend_url, settings=SETTINGS, secret=secret) as here, \
+            Store.open(f"{backend_url}-twin", settings=SETTINGS, secret=secret) as twin:
         _commit(here, here.open_attempt(KEY), 1)
         twin_attempt = twin.open_attempt(KEY)
         _commit(twin, twin_attempt, 5)
@@ -196,11 +196,11 @@ def test_unsealed_objects_are_refused_never_a_downgrade(
     attempt = sealed.open_attempt(KEY)
     _commit(sealed, attempt, 1)
     # A plaintext record and outcome, as an unencrypted store (or a bucket writer) makes them.
-    with open_store(f"{backend_url}-plain", settings=SETTINGS) as plain:
+    with Store.open(f"{backend_url}-plain", settings=SETTINGS) as plain:
         plain_attempt = plain.open_attempt(KEY)
         for _ in range(attempt.log.next_seq - plain_attempt.epoch):
             _commit(plain, plain_attempt, 7)
-        plain.record_outcome(KEY, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.FAILED,
+        plain.records.record_outcome(KEY, Outcome(epoch=attempt.epoch, outcome=OutcomeKind.FAILED,
                                           started_at=1.0, ended_at=2.0))
         seq = attempt.log.next_seq
         sealed.raw_backend.create(record_name(KEY.path, seq),
@@ -209,22 +209,22 @@ def test_unsealed_objects_are_refused_never_a_downgrade(
         sealed.raw_backend.create(name, plain.raw_backend.read(name))
     with caplog.at_level(logging.WARNING):
         assert [s.manifest.step for s in sealed.snapshots(KEY)] == [1]
-        assert sealed.outcomes(KEY) == []
+        assert sealed.records.outcomes(KEY) == []
     assert "is not sealed, but this store is encrypted" in caplog.text
     # The config swapped for a plaintext store's: a process with the secret refuses it.
     tamper.overwrite(sealed.backend, CONFIG_NAME, json.dumps(
         {"format": "cairn.store/1", "gc_grace_seconds": 3600}).encode())
     with pytest.raises(SecretError, match="not encrypted, but a secret is configured"):
-        open_store(backend_url, secret=secret)
+        Store.open(backend_url, secret=secret)
 
 
 def test_a_wrong_or_missing_secret_is_a_clear_error_naming_the_setting(
         sealed: Store, backend_url: str, tmp_path: Path) -> None:
     _commit(sealed, sealed.open_attempt(KEY), 1)
     with pytest.raises(SecretError, match="no secret is configured"):
-        open_store(backend_url)
+        Store.open(backend_url)
     with pytest.raises(SecretError, match="wrong secret"):
-        open_store(backend_url, secret=new_secret())
+        Store.open(backend_url, secret=new_secret())
     wrong = tmp_path / "wrong.secret"
     write_secret_file(str(wrong))
     with pytest.raises(SecretError, match="CAIRN_SECRET_FILE"):
@@ -243,7 +243,7 @@ def test_a_tampered_keyring_record_is_skipped_and_the_secret_still_opens_the_sto
     sealed.rotate_keys()
     assert sealed.keyring.active != first_key
     tamper.flip_byte(sealed.backend, keyring_record(2), 60)
-    with caplog.at_level(logging.WARNING), open_store(backend_url, secret=secret) as again:
+    with caplog.at_level(logging.WARNING), Store.open(backend_url, secret=secret) as again:
         assert again.keyring.active == first_key  # record 2 is skipped, record 1 opens
         assert again.reader(again.manifest(KEY)).read_file("secret-model-weights.bin") == data
     assert "skipping keyring record 2" in caplog.text
@@ -261,12 +261,12 @@ def test_rotation_keeps_old_snapshots_readable_and_seals_new_ones_with_the_new_k
     new = _commit(sealed, attempt, 2, path="later.bin")
     later = sealed.manifest(KEY).file("later.bin").chunks
     assert {pack_key_id(c.pack) for c in later} == {new_key}
-    with open_store(backend_url, secret=replacement) as store:
+    with Store.open(backend_url, secret=replacement) as store:
         assert store.keyring.keys.keys() == {old_key, new_key}
         snaps = store.snapshots(KEY)
         assert store.reader(snaps[0].manifest).read_file("later.bin") == new
         assert store.reader(snaps[1].manifest).read_file("secret-model-weights.bin") == old
-    with open_store(backend_url, secret=secret) as old_view:  # the old secret: old keys only
+    with Store.open(backend_url, secret=secret) as old_view:  # the old secret: old keys only
         assert old_view.keyring.active == old_key
         with pytest.raises(CorruptSnapshot, match="does not hold"):
             old_view.reader(old_view.manifest(KEY)).read_file("later.bin")
@@ -280,7 +280,7 @@ def test_concurrent_creators_of_one_encrypted_store_agree(backend_url: str, secr
 
     def create() -> None:
         try:
-            stores.append(open_store(backend_url, secret=secret))
+            stores.append(Store.open(backend_url, secret=secret))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -297,8 +297,8 @@ def test_concurrent_creators_of_one_encrypted_store_agree(backend_url: str, secr
 
 
 def test_an_unique_store_id_binds_each_store(backend_url: str, secret) -> None:  # noqa: ANN001
-    with open_store(backend_url, secret=secret) as a, \
-            open_store(f"{backend_url}-{uuid.uuid4().hex[:4]}", secret=secret) as b:
+    with Store.open(backend_url, secret=secret) as a, \
+            Store.open(f"{backend_url}-{uuid.uuid4().hex[:4]}", secret=secret) as b:
         assert a.store_id != b.store_id
 
 
@@ -311,7 +311,7 @@ def test_a_streamed_file_is_sealed_from_the_bytes_read_even_past_deduplicated_ch
     piece = 1 << 20
     assert piece >= SEAL_ON_POOL_MIN  # the chunks take the pool's path
     settings = StoreSettings(max_chunk_bytes=piece, pack_bytes=8 << 20)
-    with open_store(backend_url, settings=settings, secret=secret) as store:
+    with Store.open(backend_url, settings=settings, secret=secret) as store:
         known = os.urandom(piece)
         attempt = store.open_attempt(KEY)
         with attempt.snapshot() as snap:

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("google.cloud.kms_v1")
 
 from cairn.runtime.stores import open_store as open_configured  # noqa: E402
-from cairn.store import Key, SecretError, load_secret_file, open_store  # noqa: E402
+from cairn.store import Key, SecretError, Store, load_secret_file  # noqa: E402
 from cairn.store.keyring import KEYRING_PREFIX  # noqa: E402
 from tests.support.fake_kms import FakeKms  # noqa: E402
 from tests.support.hang import HANG_S
@@ -67,23 +67,23 @@ def test_kms_wraps_the_keyring_and_the_store_works_through_it(
 def test_another_kms_key_or_a_denied_one_is_a_clear_error(
         kms: FakeKms, tmp_path: Path, backend_url: str) -> None:
     right = load_secret_file(str(_secret_file(tmp_path, kms)))
-    with open_store(backend_url, secret=right):
+    with Store.open(backend_url, secret=right):
         pass
     wrong = load_secret_file(str(_secret_file(tmp_path, kms, KMS_KEY + "-other")))
     with pytest.raises(SecretError, match="wrong secret"):
-        open_store(backend_url, secret=wrong)
+        Store.open(backend_url, secret=wrong)
     kms.denied.add(KMS_KEY)
     with pytest.raises(Exception, match="cryptoKeyEncrypterDecrypter"):
-        open_store(backend_url, secret=load_secret_file(str(tmp_path / "kms-store.secret")))
+        Store.open(backend_url, secret=load_secret_file(str(tmp_path / "kms-store.secret")))
 
 
 def test_a_kms_keyring_record_moved_to_another_store_does_not_open(
         kms: FakeKms, tmp_path: Path, backend_url: str) -> None:
     secret = load_secret_file(str(_secret_file(tmp_path, kms)))
-    with open_store(backend_url, secret=secret) as first, \
-            open_store(backend_url + "-b", secret=secret) as second:
+    with Store.open(backend_url, secret=secret) as first, \
+            Store.open(backend_url + "-b", secret=secret) as second:
         name = f"{KEYRING_PREFIX}00000002"
         second.raw_backend.create(name, first.raw_backend.read(f"{KEYRING_PREFIX}00000001"))
-        with open_store(backend_url + "-b", secret=secret) as again:
+        with Store.open(backend_url + "-b", secret=secret) as again:
             assert again.keyring.seq == 1  # the moved record fails KMS's AAD check: skipped
             assert again.keyring.active == second.keyring.active

@@ -31,27 +31,27 @@ def test_outcomes_round_trip_in_epoch_order(store: Store) -> None:
                      gpu_stall_s=1.25, option="a100-ondemand",
                      reason="a100-ondemand: 3 preemptions >= K=3: off spot",
                      detail={"pod": "train-abc", "estimates": {"a100-spot": {"mtbf_h": 1.5}}})
-    store.record_outcome(KEY, second)
-    store.record_outcome(KEY, preempted(2, progress=Progress(start_step=0, end_step=450,
+    store.records.record_outcome(KEY, second)
+    store.records.record_outcome(KEY, preempted(2, progress=Progress(start_step=0, end_step=450,
                                                              kept_step=400)))
-    got = store.outcomes(KEY)
+    got = store.records.outcomes(KEY)
     assert [o.epoch for o in got] == [2, 7]
     assert got[1] == second
     assert got[0].outcome is OutcomeKind.PREEMPTED and got[0].progress.kept_step == 400
-    assert store.outcomes(Key(("other",))) == []
+    assert store.records.outcomes(Key(("other",))) == []
 
 
 def test_a_second_outcome_for_the_same_try_is_refused_and_the_first_kept(store: Store) -> None:
-    store.record_outcome(KEY, preempted(3))
+    store.records.record_outcome(KEY, preempted(3))
     with pytest.raises(AlreadyExists, match="try 3 already has an outcome"):
-        store.record_outcome(KEY, Outcome(epoch=3, outcome="succeeded", started_at=T,
+        store.records.record_outcome(KEY, Outcome(epoch=3, outcome="succeeded", started_at=T,
                                           ended_at=T + 1))
-    assert [o.outcome for o in store.outcomes(KEY)] == [OutcomeKind.PREEMPTED]
+    assert [o.outcome for o in store.records.outcomes(KEY)] == [OutcomeKind.PREEMPTED]
 
 
 def test_corrupt_and_unknown_schema_records_are_skipped_with_a_warning(
         store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    store.record_outcome(KEY, preempted(1))
+    store.records.record_outcome(KEY, preempted(1))
     store.backend.create(outcome_name(KEY.path, 2), b"{not json")
     future = json.loads(store.backend.read(outcome_name(KEY.path, 1)))
     future.update(schema="cairn.outcome/9", epoch=3)
@@ -61,7 +61,7 @@ def test_corrupt_and_unknown_schema_records_are_skipped_with_a_warning(
     bad_kind = dict(future, schema="cairn.outcome/1", epoch=6, outcome="vanished")
     store.backend.create(outcome_name(KEY.path, 6), json.dumps(bad_kind).encode())
     with caplog.at_level(logging.WARNING, logger="cairn.store.store"):
-        got = store.outcomes(KEY)
+        got = store.records.outcomes(KEY)
     assert [o.epoch for o in got] == [1]
     text = caplog.text
     assert "cairn.outcome/9" in text and "upgrade cairn" in text
@@ -80,7 +80,7 @@ def test_tries_come_from_the_slot_log(store: Store) -> None:
         snap.add_bytes("state.bin", b"b" * 1000)
         snap.commit(step=250)
     second.finish()  # deletes the snapshots: their records leave the history
-    tries = store.tries(KEY)
+    tries = store.records.tries(KEY)
     assert [t.epoch for t in tries] == [first.epoch, second.epoch]
     assert tries[0].resumed_from is None and tries[1].resumed_from == first.epoch + 1
     assert tries[0].opened_at <= tries[1].opened_at
@@ -94,7 +94,7 @@ def test_tries_list_the_snapshots_retention_kept(store: Store) -> None:
         with attempt.snapshot() as snap:
             snap.add_bytes("state.bin", bytes([step]) * 1000)
             snap.commit(step=step)
-    (only,) = store.tries(KEY)
+    (only,) = store.records.tries(KEY)
     assert [s.step for s in only.snapshots] == [10, 20]
     assert only.snapshots[0].at <= only.snapshots[1].at
 

@@ -18,7 +18,8 @@ import pytest
 
 from cairn.store.keys import Key
 from cairn.store.local import LocalBackend
-from cairn.store.store import Store, StoreSettings
+from cairn.store.settings import StoreSettings
+from cairn.store.store import Store
 from tests.support.powerloss import LossyFileOps, Op, RecordingFileOps, replay_durable
 
 # Small chunks and packs, so that each snapshot spans several packs and pack directories.

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import RestoreFailed
-from cairn.store import Key, SnapshotMode, Store, open_store
+from cairn.store import Key, SnapshotMode, Store
+from cairn import open_store
 from cairn.store.keyring import new_secret
 from cairn.store.slotlog import parts_prefix
 from tests.support.read_failure import INJECTED, failing_reads

@@ -20,7 +20,8 @@ import pytest
 from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
 from cairn.process.supervisor import unauthenticated_root_restore
-from cairn.store import API_VERSION, StoreKind, new_secret, open_store, store_kind, store_kinds
+from cairn.store import API_VERSION, StoreKind, new_secret, store_kind, store_kinds
+from cairn import open_store
 from cairn.store import kinds as kinds_module
 from cairn.store.url import open_backend
 

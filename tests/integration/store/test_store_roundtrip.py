@@ -140,7 +140,7 @@ def test_manifest_of_unknown_seq(store: Store) -> None:
 
 
 def test_store_refuses_non_empty_foreign_directory(tmp_path) -> None:
-    from cairn.store import open_store
+    from cairn import open_store
 
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "notes.txt").write_text("mine")
@@ -154,7 +154,7 @@ def test_concurrent_store_creation_agrees(backend_url: str) -> None:
     """Many processes may open a new store at once; all of them end up using the same one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cairn.store import open_store
+    from cairn import open_store
 
     with ThreadPoolExecutor(8) as pool:
         stores = list(pool.map(lambda _: open_store(backend_url), range(8)))
@@ -166,7 +166,7 @@ def test_concurrent_store_creation_agrees(backend_url: str) -> None:
 def _store_with_config(backend_url: str, config: dict) -> Store:  # noqa: ANN001
     import json
 
-    from cairn.store import open_store
+    from cairn import open_store
     from cairn.store.url import open_backend
 
     open_backend(backend_url).create("cairn-store.json", json.dumps(config).encode())

@@ -46,7 +46,7 @@ def test_a_killed_try_keeps_its_history_through_retention_and_done(store: Store)
     second.finish()
     assert store.snapshots(KEY) == []  # done: every snapshot record is gone
 
-    got = store.try_summaries(KEY)
+    got = store.records.try_summaries(KEY)
     killed, done = got[first.epoch], got[second.epoch]
     assert (killed.snapshots, killed.last_step, killed.last_seq) == (5, 9, seqs[-1])
     assert killed.bytes_logical == 1000
@@ -57,7 +57,7 @@ def test_a_killed_try_keeps_its_history_through_retention_and_done(store: Store)
     # The summaries are in the records, not computed from what is gone.
     opened = store.log(KEY).read(second.epoch)
     assert opened.body["note"]["previous"]["epoch"] == first.epoch
-    assert store.outcomes(KEY)[0].summary == done
+    assert store.records.outcomes(KEY)[0].summary == done
 
 
 def test_the_count_comes_from_the_seqs_even_without_any_note(store: Store) -> None:
@@ -69,7 +69,7 @@ def test_the_count_comes_from_the_seqs_even_without_any_note(store: Store) -> No
         commit(first, step)
     second = store.open_attempt(KEY, note={"mode": "state", "previous": None})
     second.finish()
-    got = store.try_summaries(KEY)
+    got = store.records.try_summaries(KEY)
     assert got[first.epoch].snapshots == 4
     assert got[first.epoch].last_step == 8 and got[first.epoch].complete is False
     assert got[first.epoch].bytes_written is None  # not known: nothing is left to count
@@ -81,7 +81,7 @@ def test_a_try_that_still_holds_its_snapshots_is_summarized_from_the_log(store: 
     commit(attempt, 10)
     time.sleep(0.02)
     commit(attempt, 20)
-    (only,) = store.try_summaries(KEY).values()
+    (only,) = store.records.try_summaries(KEY).values()
     assert (only.snapshots, only.last_step, only.complete) == (2, 20, True)
     assert only.seconds_per_step is not None and only.seconds_per_step > 0
     assert only.stall_s is None  # stalls are measured by the try, not kept in the log
@@ -94,9 +94,9 @@ def test_an_outcome_record_without_a_summary_still_reads(store: Store) -> None:
                   ended_at=2.0).to_json()
     del old["summary"], old["options"]  # as cairn wrote them before these fields
     store.backend.create(outcome_name(KEY.path, attempt.epoch), json.dumps(old).encode())
-    (outcome,) = store.outcomes(KEY)
+    (outcome,) = store.records.outcomes(KEY)
     assert outcome.summary is None and outcome.options == ()
-    assert store.try_summaries(KEY)[attempt.epoch].last_step == 5
+    assert store.records.try_summaries(KEY)[attempt.epoch].last_step == 5
 
 
 def test_an_unreadable_summary_drops_only_the_summary(
@@ -107,7 +107,7 @@ def test_an_unreadable_summary_drops_only_the_summary(
     doc["summary"] = {"snapshots": -3}
     store.backend.create(outcome_name(KEY.path, attempt.epoch), json.dumps(doc).encode())
     with caplog.at_level(logging.WARNING):
-        (outcome,) = store.outcomes(KEY)
+        (outcome,) = store.records.outcomes(KEY)
     assert outcome.outcome is OutcomeKind.PREEMPTED and outcome.summary is None
     assert "unreadable summary" in caplog.text
 
@@ -131,7 +131,7 @@ def test_a_malformed_note_falls_back_to_the_log(local_store: Store,
 
 @pytest.fixture()
 def local_store(tmp_path):  # noqa: ANN201
-    from cairn.store import open_store
+    from cairn import open_store
 
     with open_store(str(tmp_path / "store")) as opened:
         yield opened

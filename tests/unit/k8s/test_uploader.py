@@ -19,7 +19,8 @@ from cairn.k8s import metrics
 from cairn.k8s.uploader import MAX_BACKOFF_S, Uploader, UploadSettings
 from cairn.process import spool as spool_mod
 from cairn.process.spool import Spool, UploadOutcome
-from cairn.store import Attempt, Key, Store, open_store
+from cairn.store import Attempt, Key, Store
+from cairn import open_store
 from tests.support.fake_dump import fake_dump
 
 KEY = Key.parse("dag/train/run-1")

@@ -41,7 +41,7 @@ def test_the_gpu_copy_takes_from_the_memory_a_staged_image_could_use(tmp_path) -
 
     room = staging.Headroom(cgroup_bytes=40 * GIB, available_bytes=100 * GIB,
                             tmpfs_free_bytes=60 * GIB)
-    after = gpu_budget.after_gpu_copy(room, 30 * GIB)
+    after = staging.after_gpu_copy(room, 30 * GIB)
     assert (after.cgroup_bytes, after.available_bytes, after.tmpfs_free_bytes) == (
         10 * GIB, 70 * GIB, 60 * GIB)
     # A 12 GiB image would fit in memory without the GPU copy, not with it: it stages on disk.
@@ -52,4 +52,4 @@ def test_the_gpu_copy_takes_from_the_memory_a_staged_image_could_use(tmp_path) -
     assert staging.choose_staging(staging.StagingMedium.AUTO, headroom=after,
                                   **kw).medium is staging.StagingMedium.DISK
     unbounded = staging.Headroom(None, None, None)
-    assert gpu_budget.after_gpu_copy(unbounded, GIB) == unbounded
+    assert staging.after_gpu_copy(unbounded, GIB) == unbounded

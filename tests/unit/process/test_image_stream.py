@@ -15,7 +15,8 @@ import pytest
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.process import image_stream
-from cairn.store import Key, Manifest, Store, open_store
+from cairn.store import Key, Manifest, Store
+from cairn import open_store
 from tests.support.tamper import flip_byte
 
 PAGES = os.urandom(3 * 1024 * 1024 + 4096)

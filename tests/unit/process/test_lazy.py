@@ -13,7 +13,8 @@ import pytest
 from cairn.exceptions import CorruptSnapshot
 from cairn.process import images as I
 from cairn.process import lazy
-from cairn.store import Key, SnapshotMode, open_store
+from cairn.store import Key, SnapshotMode
+from cairn import open_store
 from tests.support.fake_dump import field, image
 from tests.support.tamper import flip_byte
 

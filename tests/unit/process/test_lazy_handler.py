@@ -24,7 +24,8 @@ from cairn.exceptions import CorruptSnapshot
 from cairn.process import images as I
 from cairn.process import lazy, uffd
 from cairn.process.lazy_handler import FaultHandler, Pending
-from cairn.store import Key, SnapshotMode, open_store
+from cairn.store import Key, SnapshotMode
+from cairn import open_store
 from tests.support.fake_dump import field, image
 from tests.support.tamper import flip_byte
 

@@ -22,7 +22,8 @@ from cairn.process.snapshot import TrackedFile
 from cairn.process.spool import Result, Spool, Ticket, UploadOutcome
 from cairn.process.spool_client import SpoolClient
 from cairn.process.supervisor import RunSettings, Supervisor
-from cairn.store import Attempt, Key, Store, open_store
+from cairn.store import Attempt, Key, Store
+from cairn import open_store
 from cairn.store.slotlog import RecordKind
 from tests.support.fake_dump import fake_dump
 

@@ -18,6 +18,10 @@ class FakeStore:
     def __init__(self) -> None:
         self.recorded: list[Outcome] = []
 
+    @property
+    def records(self) -> FakeStore:  # its records too
+        return self
+
     def history(self, key: Any) -> list[Any]:
         return []
 

@@ -27,6 +27,10 @@ class FakeStore:
         self.fail = False
         self.held: Suspension | None = None
 
+    @property
+    def records(self) -> FakeStore:  # its records too
+        return self
+
     def pending_suspend(self, key: object, *, epoch: int) -> Request | None:
         self.reads += 1
         if self.fail:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cairn.exceptions import CorruptSnapshot
-from cairn.store import Key, open_store
+from cairn.store import Key
+from cairn import open_store
 from cairn.store import slotlog
 from cairn.store.slotlog import record_name
 

@@ -8,7 +8,7 @@ Routes (query: ``dag_id``, ``task_id``, ``run_id``, ``map_index`` (default -1), 
 - ``POST /cairn/api/snapshots/suspend`` and ``.../resume`` (JSON body ``{"reason": ...}``,
   optional; a resume may add ``"placement"``, one of a pod-based step's capacity options), and ``POST /cairn/snapshots/suspend`` and ``.../resume`` (the page's forms,
   answered with a redirect back to the page): ask the key's running try to suspend, or lift
-  its suspension (``Store.request_suspend`` / ``request_resume``, as ``cairn suspend`` and
+  its suspension (``Store.records.request_suspend`` / ``request_resume``, as ``cairn suspend`` and
   ``cairn resume`` do; the requester is the Airflow user). A key that is unknown answers 404,
   one that is not running or not suspended 409, and nothing is written;
 - ``POST /cairn/api/snapshots/discard`` (JSON) and ``POST /cairn/snapshots/discard`` (the
@@ -25,7 +25,7 @@ retained snapshot) needs the permission to edit the DAG and runs at most once pe
 what clearing a task instance needs (``PUT`` on its task instances); a form post authenticated
 by the cookie must come from the api-server's own origin; so do suspending and resuming.
 
-The key is the operator's own (:func:`cairn_airflow.operators.task_key`); the store is that of
+The key is the operator's own (:func:`cairn_airflow.task_keys.task_key`); the store is that of
 the ``cairn`` connection the task itself uses (its serialized ``cairn_conn_id``, else
 ``cairn_default``), parsed as :class:`cairn_airflow.hooks.CairnHook` does. A ``conn_id`` in the
 query is honoured only when it is that connection or on the allow-list ``[cairn] ui_conn_ids``
@@ -203,8 +203,8 @@ def _airflow_tries(session: Any, *, dag_id: str, task_id: str, run_id: str,
 
 
 def _outcomes(store: Any, key: Any) -> list[Any] | None:
-    """The key's outcome records (``Store.outcomes``), or None when this cairn has none."""
-    reader = getattr(store, "outcomes", None)
+    """The key's outcome records (``Store.records.outcomes``), or None when this cairn has none."""
+    reader = getattr(getattr(store, "records", None), "outcomes", None)
     return None if reader is None else list(reader(key))
 
 
@@ -223,7 +223,7 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
           conn_id: str, session: Any = None) -> Any:
     """The :class:`~cairn_airflow.plugins.report.TaskReport` of one task instance."""
     from cairn.exceptions import CairnError
-    from cairn_airflow.operators import task_key
+    from cairn_airflow.task_keys import task_key
     from cairn_airflow.plugins.report import TaskReport, build_report
 
     ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)
@@ -253,7 +253,7 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
 def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str) -> Any:
     """Forget the task instance's snapshots; returns (key, number removed)."""
     from cairn.exceptions import CairnError
-    from cairn_airflow.operators import task_key
+    from cairn_airflow.task_keys import task_key
 
     key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
                                           map_index=map_index)})
@@ -311,7 +311,7 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
     request and the suspension as JSON. HTTPException 404 (unknown key or store) or 409 (not
     running, done, not suspended), and then nothing was written."""
     from cairn.exceptions import CairnError, ConfigError, NotFound
-    from cairn_airflow.operators import task_key
+    from cairn_airflow.task_keys import task_key
 
     key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
                                           map_index=map_index)})
@@ -324,10 +324,10 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
     try:
         with open_config_store(config) as store:
             if kind is RequestKind.SUSPEND:
-                made = store.request_suspend(key, by=by, reason=reason)
+                made = store.records.request_suspend(key, by=by, reason=reason)
             else:
-                made = store.request_resume(key, by=by, reason=reason, placement=placement)
-            current = store.suspension(key)
+                made = store.records.request_resume(key, by=by, reason=reason, placement=placement)
+            current = store.records.suspension(key)
     except NotFound as e:
         raise HTTPException(404, str(e).replace(config.url, label)) from None
     except ConfigError as e:

@@ -230,7 +230,7 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
                  airflow_tries: Iterable[AirflowTry] = (),
                  outcomes: Iterable[Any] | None = None) -> TaskReport:
     """The report for ``key`` (see the module docstring). ``outcomes``: the key's outcome
-    records (``Store.outcomes``; None when the store has none); an outcome's
+    records (``Store.records.outcomes``; None when the store has none); an outcome's
     ``progress.start_step`` gives the resumed step when retention removed that snapshot.
     ``airflow_tries`` lets each attempt name the Airflow try it ran in."""
     records = store.history(key)
@@ -328,7 +328,7 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
 
 def _suspension(store: Store, key: Key, notes: list[str]) -> dict[str, Any] | None:
     """The key's suspension as JSON (None: none, or this cairn has no requests)."""
-    reader = getattr(store, "suspension", None)
+    reader = getattr(getattr(store, "records", None), "suspension", None)
     if reader is None:
         return None
     try:
