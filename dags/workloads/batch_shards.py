@@ -134,7 +134,7 @@ def run_shards(ckpt: Any, shards: int, *, shard_seconds: float = 0.0,
 def check_outputs(result: dict[str, Any]) -> dict[str, Any]:
     """Read every output named in ``run_shards``' result back from the store and check it:
     one object per shard, in order, each a well-formed output. Needs no torch."""
-    from cairn.store import open_store
+    from cairn import open_store
 
     names = list(result["outputs"])
     if len(names) != result["shards"]:

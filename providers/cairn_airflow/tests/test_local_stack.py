@@ -24,7 +24,7 @@ def test_the_local_executor_is_the_default_and_starts_no_servers_or_nodes(tmp_pa
 
 
 def test_a_celery_cluster_refuses_a_store_its_nodes_do_not_share(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="must be a gs:// URL"):
+    with pytest.raises(ConfigError, match=r"must be a bucket every node reaches \(gs://BUCKET/PREFIX"):
         AirflowStack(tmp_path / "home", DAGS, store=tmp_path / "store", executor="celery")
 
 
