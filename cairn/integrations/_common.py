@@ -58,6 +58,31 @@ def checkpointer_factory(*, store: Any, key: Any, checkpointer: Any, every_steps
     return dict(store=store, key=key, checkpointer=checkpointer, options=merged)
 
 
+class CheckpointingCallback:
+    """What a trainer callback of cairn's holds, whatever the framework: how to build its
+    Checkpointer when training starts (see :func:`make_checkpointer`), whether to snapshot when
+    training ends and to mark the key done, and the steps restored and saved. A subclass sets
+    its framework's own state in :meth:`_reset`."""
+
+    def __init__(self, *, store: Any = None, key: Any = None, checkpointer: Any = None,
+                 every_steps: int | None = None, every_seconds: float | None = None,
+                 save_on_end: bool = True, finish: bool = False, **options: Any) -> None:
+        self._factory = checkpointer_factory(store=store, key=key, checkpointer=checkpointer,
+                                             every_steps=every_steps,
+                                             every_seconds=every_seconds, options=options)
+        self.save_on_end = save_on_end
+        self.finish = finish
+        self.checkpointer: Any = None
+        self.restored_step: int | None = None  # the step the snapshot holds (None: fresh)
+        self.saved_step: int | None = None  # the step of the last snapshot taken (staged)
+        self._rng: dict[str, Any] | None = None
+        self._last_global_step = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        """The framework's own state, before training starts."""
+
+
 def close_quietly(checkpointer: Any, reason: BaseException) -> None:
     """Close after a failure: wait for what was staged, but never mask ``reason``."""
     try:

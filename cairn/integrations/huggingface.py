@@ -68,7 +68,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.integrations._common import (
-    checkpointer_factory,
+    CheckpointingCallback,
     close_quietly,
     make_checkpointer,
     missing,
@@ -138,7 +138,7 @@ def train(trainer: Trainer, *, store: Any = None, key: Any = None, checkpointer:
     return output
 
 
-class CairnCallback(TrainerCallback):
+class CairnCallback(CheckpointingCallback, TrainerCallback):
     """Snapshots a ``transformers.Trainer`` into a cairn store; used through :func:`train`.
 
     Give ``store=`` and ``key=``, or neither to read ``CAIRN_STORE`` and ``CAIRN_KEY``
@@ -149,23 +149,11 @@ class CairnCallback(TrainerCallback):
     ``finish``: mark the key done (and drop its snapshots) once training succeeded.
     """
 
-    def __init__(self, *, store: Any = None, key: Any = None, checkpointer: Any = None,
-                 every_steps: int | None = None, every_seconds: float | None = None,
-                 save_on_end: bool = True, finish: bool = False, **options: Any) -> None:
-        self._factory = checkpointer_factory(store=store, key=key, checkpointer=checkpointer,
-                                             every_steps=every_steps,
-                                             every_seconds=every_seconds, options=options)
-        self.save_on_end = save_on_end
-        self.finish = finish
-        self.checkpointer: Any = None
-        self.restored_step: int | None = None  # the step the snapshot holds (None: fresh)
-        self.saved_step: int | None = None  # the step of the last snapshot taken (staged)
+    def _reset(self) -> None:
         self._trainer: Trainer | None = None
         self._optimizer: Any = None
         self._scheduler = _Pending("the LR scheduler")
         self._param_groups: list[dict[str, Any]] | None = None
-        self._rng: dict[str, Any] | None = None
-        self._last_global_step = 0
         self._ledger: _FetchLedger | None = None
         self._workers: WorkerLoader | None = None
         self._start_step = 0
@@ -187,7 +175,8 @@ class CairnCallback(TrainerCallback):
         state = _TrainerState(trainer, self)
         scaler = getattr(trainer.accelerator, "scaler", None)
         start = ckpt.restore(model=trainer.model, optimizer=self._optimizer,
-                             scheduler=self._scheduler, scaler=scaler, loader=state)
+                             scheduler=self._scheduler, scaler=scaler,
+                             items={"hf_trainer": state})
         if ckpt.restored_from is None:
             # Said now, not only on the first resume, so the fix can come before it is needed.
             loader_workers.log_if_not_exact(_not_exact(trainer, self._ledger, unseen=False),
@@ -295,8 +284,8 @@ class CairnCallback(TrainerCallback):
 
 
 class _TrainerState:
-    """The Trainer's own state in the Checkpointer's ``loader=`` slot (any object with
-    ``state_dict``/``load_state_dict``, read only when a snapshot is taken): ``TrainerState``
+    """The Trainer's own state, a named item of the Checkpointer (``items=``: read only when a
+    snapshot is taken): ``TrainerState``
     as the JSON transformers writes to ``trainer_state.json``, with the stateful callbacks
     (``ExportableState``, ``TrainerControl``) as they are now, as ``_save_checkpoint`` does."""
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.integrations._common import (
-    checkpointer_factory,
+    CheckpointingCallback,
     close_quietly,
     make_checkpointer,
     missing,
@@ -76,7 +76,7 @@ STATE_VERSION = 1
 __all__ = ["CairnCheckpoint"]
 
 
-class CairnCheckpoint(pl.Callback):
+class CairnCheckpoint(CheckpointingCallback, pl.Callback):
     """Restore fit from a cairn store when it starts; snapshot while it runs.
 
     Give ``store=`` and ``key=``, or neither to read ``CAIRN_STORE`` and ``CAIRN_KEY``
@@ -87,19 +87,7 @@ class CairnCheckpoint(pl.Callback):
     (and drop its snapshots) when fit ends, for a task whose only work is this fit.
     """
 
-    def __init__(self, *, store: Any = None, key: Any = None, checkpointer: Any = None,
-                 every_steps: int | None = None, every_seconds: float | None = None,
-                 save_on_end: bool = True, finish: bool = False, **options: Any) -> None:
-        self._factory = checkpointer_factory(store=store, key=key, checkpointer=checkpointer,
-                                             every_steps=every_steps,
-                                             every_seconds=every_seconds, options=options)
-        self.save_on_end = save_on_end
-        self.finish = finish
-        self.checkpointer: Any = None
-        self.restored_step: int | None = None  # the step the snapshot holds (None: fresh)
-        self.saved_step: int | None = None  # the step of the last snapshot taken (staged)
-        self._rng: dict[str, Any] | None = None
-        self._last_global_step = 0
+    def _reset(self) -> None:
         self._unsaveable: set[str] = set()
         self._pending: int | None = None  # a due snapshot's step, taken when validation ends
         self._metrics: dict[str, Any] | None = None  # callback_metrics to put back
@@ -122,7 +110,7 @@ class CairnCheckpoint(pl.Callback):
             # configure_optimizers again, as with Lightning's own checkpoints.
             scheduler={str(i): c.scheduler for i, c in enumerate(trainer.lr_scheduler_configs)},
             scaler={"precision": trainer.precision_plugin},
-            loader=trainer_state,
+            items={"lightning": trainer_state},
         )
         if ckpt.restored_from is None:
             self._last_global_step = trainer.global_step
@@ -340,10 +328,10 @@ class CairnCheckpoint(pl.Callback):
 
 
 class _TrainerState:
-    """Lightning's own state (loops, callbacks, datamodule) in the Checkpointer's ``loader=``
-    slot, which takes any object with ``state_dict``/``load_state_dict`` and reads it only
-    when a snapshot is taken: the loop state, with the data loaders' positions, is not built
-    on every step. Loading only keeps the state; the callback applies it in Lightning's order."""
+    """Lightning's own state (loops, callbacks, datamodule), a named item of the Checkpointer
+    (``items=``), read only when a snapshot is taken: the loop state, with the data loaders'
+    positions, is not built on every step. Loading only keeps the state; the callback applies
+    it in Lightning's order."""
 
     def __init__(self, owner: CairnCheckpoint, trainer: pl.Trainer) -> None:
         self._owner = owner

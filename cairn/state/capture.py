@@ -42,6 +42,10 @@ class Targets:
     schedulers: dict[str, Any] = field(default_factory=dict)
     scalers: dict[str, Any] = field(default_factory=dict)
     loader: Any = None
+    # Named objects of any kind that follow torch's Stateful protocol (state_dict /
+    # load_state_dict), as torch.distributed.checkpoint takes them: a trainer's own state, an
+    # EMA, a curriculum. Read when a snapshot is taken, loaded after the schedulers and scalers.
+    items: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, model in self.models.items():
@@ -51,8 +55,11 @@ class Targets:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise ConfigError(f"optimizer {name!r} is a {type(opt).__name__}, not a "
                                   "torch.optim.Optimizer")
-        for kind, objs in (("scheduler", self.schedulers), ("scaler", self.scalers)):
+        for kind, objs in (("scheduler", self.schedulers), ("scaler", self.scalers),
+                           ("item", self.items)):
             for name, obj in objs.items():
+                if not name:
+                    raise ConfigError(f"a {kind}'s name is empty; name each one")
                 if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                     raise ConfigError(f"{kind} {name!r} has no state_dict/load_state_dict")
         loader = self.loader
@@ -78,8 +85,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def gather(targets: Targets, *, step: int, extras: dict[str, Any]) -> dict[str, Any]:
-    """The whole state as one tree (tensors are the live ones: copy before training resumes)."""
-    return {
+    """The whole state as one tree (tensors are the live ones: copy before training resumes).
+    ``items`` appears only when there are some: a tree without them is laid out as before
+    named items existed, so such snapshots dedup against older ones."""
+    tree = {
         "step": step,
         "models": {n: m.state_dict() for n, m in targets.models.items()},
         "optimizers": {n: o.state_dict() for n, o in targets.optimizers.items()},
@@ -89,13 +98,16 @@ def gather(targets: Targets, *, step: int, extras: dict[str, Any]) -> dict[str, 
         "rng": rng_state(),
         "extras": extras,
     }
+    if targets.items:
+        tree["items"] = {n: item.state_dict() for n, item in targets.items.items()}
+    return tree
 
 
 def check_compatible(tree: dict[str, Any], targets: Targets) -> None:
     """Raise :class:`StateMismatch` listing every way the snapshot does not fit."""
     problems: list[str] = []
-    for group in ("models", "optimizers", "schedulers", "scalers"):
-        stored, live = set(tree.get(group, {})), set(getattr(targets, group))
+    for group in ("models", "optimizers", "schedulers", "scalers", "items"):
+        stored, live = set(tree.get(group) or {}), set(getattr(targets, group))
         if stored != live:
             problems.append(f"{group}: the snapshot has {sorted(stored)}, you passed {sorted(live)}")
     for name, model in targets.models.items():
@@ -143,6 +155,8 @@ def apply(tree: dict[str, Any], targets: Targets) -> None:
         sched.load_state_dict(tree["schedulers"][name])
     for name, scaler in targets.scalers.items():
         scaler.load_state_dict(tree["scalers"][name])
+    for name, item in targets.items.items():
+        item.load_state_dict(tree["items"][name])
     if targets.loader is not None:
         targets.loader.load_state_dict(tree["loader"])
         # Creating the iterator draws from the global RNGs (its base seed); the uninterrupted

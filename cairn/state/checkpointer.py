@@ -53,7 +53,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -341,8 +341,16 @@ class Checkpointer:
 
     def restore(self, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                 scaler: Any = None, loader: Any = None, models: dict[str, Any] | None = None,
-                optimizers: dict[str, Any] | None = None) -> int:
+                optimizers: dict[str, Any] | None = None,
+                items: Mapping[str, Any] | None = None) -> int:
         """Open the attempt, load the newest snapshot that verifies, return the next step.
+
+        What every snapshot captures: ``items``, any number of named objects that follow
+        torch's ``Stateful`` protocol (``state_dict()`` / ``load_state_dict()``), as
+        ``torch.distributed.checkpoint`` takes them; ``model=``/``models=``,
+        ``optimizer=``/``optimizers=``, ``scheduler=``, ``scaler=`` and ``loader=`` are
+        shorthands for the common ones (the model's tensors checked against the snapshot's,
+        the loader's workers' RNGs kept). A restore needs the same names as the snapshot.
 
         All or nothing: a snapshot that fails verification is skipped (logged) for the one
         before it; one that does not fit the live objects raises
@@ -361,6 +369,7 @@ class Checkpointer:
             schedulers=capture.named(scheduler, "scheduler"),
             scalers=capture.named(scaler, "scaler"),
             loader=loader,
+            items=capture.named(dict(items) if items is not None else None, "item"),
         )
         self._group = Group.detect()
         if self._group.active and self.persist_mode is not PersistMode.PROCESS:
