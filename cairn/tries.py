@@ -28,6 +28,7 @@ from cairn.exceptions import GaveUp, NotFound
 from cairn.policy.history import History
 from cairn.policy.resume import AfterTry, ResumePlan, ResumePolicy, after_try, plan_resume
 from cairn.runtime import endings, env
+from cairn.runtime.session import conclude, end_of_error
 from cairn.store import Key, url_forms
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class Try:
                                error=error, detail=dict(detail or {}))
         if error is None:
             return AfterTry.RETRY  # nothing to retry; the value is never acted on
-        return after_try(self.plan, self.policy, endings.outcome_kind(error))
+        return after_try(self.plan, self.policy, conclude(end_of_error(error)).outcome)
 
     def finish(self, ckpt: Any = None) -> None:
         """The step succeeded: mark the key done (durable when this returns)."""

@@ -85,11 +85,11 @@ from cairn.process.log_echo import LogEcho
 from cairn.process.spool_client import SpoolClient
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, SnapshotMode, Store, store_kind
-from cairn.runtime import channel, env
+from cairn.runtime import channel, env, session
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
 from cairn.runtime.endings import record_exit
-from cairn.runtime.exits import PREEMPTED, ExitCode, from_wait_status
+from cairn.runtime.exits import ExitCode, from_wait_status
 from cairn.runtime.wakeup import Wakeup
 from cairn.store.hashing import digest
 from cairn.store.verdicts import as_read_failure, reading
@@ -1186,9 +1186,10 @@ class Supervisor:
 
     def _classify(self, code: int, asked_at: float | None) -> int:
         """A preemption whose pod's Job was suspended (a Kueue eviction) ends ``suspended``
-        (77): the final snapshot was taken as for a preemption, and the resume policy counts
-        neither as a failure."""
-        if asked_at is None or code not in PREEMPTED:
+        (77; :func:`cairn.runtime.session.after_cause`): the final snapshot was taken as for a
+        preemption, and the resume policy counts neither as a failure."""
+        end = session.end_of_exit(code)
+        if asked_at is None or end.ending is not session.Ending.PREEMPTED:
             return code
         assert self.settings.notice_file is not None
         # Never past the grace: a SIGKILL before the exit would leave no outcome at all.
@@ -1201,14 +1202,16 @@ class Supervisor:
             log.warning("the sidecar did not say why the pod is stopping within %.1fs; exiting "
                         "%d (preempted)", wait_s, code)
             return code
-        if not self._cause.suspended:
+        after = session.after_cause(end, self._cause)
+        classified = session.conclude(after).exit_code
+        assert classified is not None
+        if after.ending is not session.Ending.SUSPENDED:
             log.warning("%s; exiting %d (preempted)", self._cause.reason, code)
             return code
         log.warning("%s: exiting %d (suspended, %s), not %d; it resumes when the Job is "
-                    "readmitted", self._cause.reason, ExitCode.SUSPENDED,
-                    "final snapshot taken" if code == ExitCode.PREEMPTED_SAVED
-                    else "the previous snapshot kept", code)
-        return ExitCode.SUSPENDED
+                    "readmitted", self._cause.reason, classified,
+                    "final snapshot taken" if end.saved else "the previous snapshot kept", code)
+        return classified
 
     def _final_upload(self, entry: str, budget_end: float, name: str) -> spool_mod.Result | None:
         """The budget covered the final dump ``entry``; the upload goes on in the sidecar,

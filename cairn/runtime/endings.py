@@ -1,14 +1,10 @@
-"""How a try ended → its outcome record, and marking a key done: written once for every mode.
+"""A try's outcome record, and marking a key done: written once for every mode.
 
 The outcome record (:class:`cairn.store.outcomes.Outcome`) is what the next try's resume plan
-and the placement policy read, and what the UI shows. Every way a try can end maps here:
-
-* an exception a state-mode try ended with (:func:`outcome_kind`): ``Preempted`` →
-  ``preempted``, ``Suspended`` → ``suspended``, ``Fenced`` → ``fenced``, anything else →
-  ``failed``, none → ``succeeded``;
-* an exit code a process-mode try (``cairn run``) ended with (:func:`outcome_kind_for_exit`):
-  0 → ``succeeded``, 75/76 → ``preempted`` (``evicted`` for a maintenance notice), 77 →
-  ``suspended``, 5 → ``fenced``, anything else → ``failed``.
+and the placement policy read, and what the UI shows. Which outcome a try's end comes to is
+:func:`cairn.runtime.session.conclude`'s to say, for every mode: :func:`record_try` (a
+state-mode try's exception), :func:`record_exit` (``cairn run``'s exit code) and
+:func:`record_observed` (a pod that ended without its supervisor reporting it) only write it.
 
 Recording is best effort (:func:`record_best_effort`): an outcome is advice, and failing to
 write it never changes how a try ends. Imports neither torch nor an orchestrator.
@@ -22,53 +18,12 @@ import logging
 import time
 from typing import Any
 
-from cairn.exceptions import ConfigError, Fenced, Preempted, Suspended
+from cairn.exceptions import ConfigError
 from cairn.runtime import env, slurm
-from cairn.runtime.exits import PREEMPTED, ExitCode
+from cairn.runtime.session import conclude, end_of_error, end_of_exit
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress, TrySummary, summarize_log
 
 log = logging.getLogger(__name__)
-
-
-def outcome_kind(error: BaseException | None) -> OutcomeKind:
-    """The outcome a try that ended with ``error`` (None: it succeeded) is recorded as."""
-    if error is None:
-        return OutcomeKind.SUCCEEDED
-    if isinstance(error, Suspended):
-        return OutcomeKind.SUSPENDED
-    if isinstance(error, Preempted):
-        return OutcomeKind.PREEMPTED
-    if isinstance(error, Fenced):
-        return OutcomeKind.FENCED
-    return OutcomeKind.FAILED
-
-
-def outcome_kind_for_exit(code: int | None, *, maintenance: bool = False) -> OutcomeKind:
-    """The outcome of a try whose supervisor exited with ``code`` (None: the supervisor itself
-    failed); a preemption announced as maintenance is an eviction."""
-    if code == ExitCode.OK:
-        return OutcomeKind.SUCCEEDED
-    if code in PREEMPTED:
-        return OutcomeKind.EVICTED if maintenance else OutcomeKind.PREEMPTED
-    if code == ExitCode.SUSPENDED:
-        return OutcomeKind.SUSPENDED
-    if code == ExitCode.FENCED:
-        return OutcomeKind.FENCED
-    return OutcomeKind.FAILED
-
-
-def outcome_kind_for_pod(*, oom_killed: bool, drained: bool, node_ended: bool) -> OutcomeKind | None:
-    """The outcome of a try whose pod ended without its supervisor reporting it: ``failed``
-    for an OOM kill (the step's error), ``evicted`` for a drain (eviction API, pod GC,
-    node-pressure eviction), ``preempted`` for a node shutdown or scheduler preemption; None
-    when nothing is known."""
-    if oom_killed:
-        return OutcomeKind.FAILED
-    if drained:
-        return OutcomeKind.EVICTED
-    if node_ended:
-        return OutcomeKind.PREEMPTED
-    return None
 
 
 def error_detail(error: BaseException) -> str:
@@ -169,7 +124,7 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
     if error is not None:
         info["error"] = error_detail(error)
     outcome = Outcome(
-        epoch=epoch, outcome=outcome_kind(error), started_at=started_at,
+        epoch=epoch, outcome=conclude(end_of_error(error)).outcome, started_at=started_at,
         ended_at=max(time.time(), started_at),
         progress=Progress(start_step=(restored.step + 1) if restored is not None
                           and restored.step is not None else 0,
@@ -192,12 +147,12 @@ def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_a
                 gpu_stall_s: float | None = None, stall_s: float | None = None,
                 bytes_written: int | None = None,
                 detail: dict[str, Any] | None = None) -> bool:
-    """Leave the outcome record of a process-mode try that exited with ``code`` (see
-    :func:`outcome_kind_for_exit`); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
+    """Leave the outcome record of a process-mode try that exited with ``code`` (a
+    preemption announced as ``maintenance`` was an eviction); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
     total CRIU frozen time and GPU stall; ``stall_s`` / ``bytes_written``: its dumps' total
     wall time and new bytes, for its summary."""
     outcome = Outcome(
-        epoch=epoch, outcome=outcome_kind_for_exit(code, maintenance=maintenance),
+        epoch=epoch, outcome=conclude(end_of_exit(code, maintenance=maintenance)).outcome,
         started_at=started_at, ended_at=max(time.time(), started_at),
         progress=Progress(snapshot_seq=snapshot_seq), snapshot_cost_s=snapshot_cost_s,
         frozen_s=frozen_s, gpu_stall_s=gpu_stall_s,

@@ -98,15 +98,6 @@ def exit_code_for(error: BaseException) -> ExitCode:
     return ExitCode.INTERNAL
 
 
-def try_exit_code(error: BaseException) -> int | None:
-    """The code a step's container exits with for a preemption (75/76), a suspension (77), a
-    fence (5) or a restore that failed on this side (8), so that its orchestrator can tell
-    them from the step's own errors; None for any other error (which exits as Python does)."""
-    if isinstance(error, (Preempted, Fenced, Suspended, RestoreFailed)):
-        return int(exit_code_for(error))
-    return None
-
-
 def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -> CairnError | None:
     """The cairn error a step's exit ``code`` stands for: :class:`Preempted` for 75/76,
     :class:`Suspended` for 77, :class:`Fenced` for 5, :class:`RestoreFailed` for 8 (which

@@ -72,7 +72,7 @@ from cairn.exceptions import (
     StoreError,
     Suspended,
 )
-from cairn.runtime import channel, endings, env, exits, slurm
+from cairn.runtime import channel, endings, env, exits, session, slurm
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.state import capture
@@ -627,8 +627,9 @@ class Checkpointer:
     def _evicted(self, asked_at: float | None, *, seq: int | None,
                  what: str) -> Suspended | None:
         """After the final snapshot: the :class:`Suspended` to raise when the sidecar answered
-        that the Job is suspended (its outcome recorded by rank 0), else None (a preemption;
-        the answer's reason logged). Every rank learns rank 0's answer."""
+        that the Job is suspended (:func:`cairn.runtime.session.after_cause`; its outcome
+        recorded by rank 0), else None (a preemption; the answer's reason logged). Every rank
+        learns rank 0's answer."""
         cause = None
         if asked_at is not None:
             assert self._notice is not None and self._notice.notice_file
@@ -640,10 +641,11 @@ class Checkpointer:
                             "preemption", self.key)
             elif not cause.suspended:
                 log.warning("key %s: %s; a preemption", self.key, cause.reason)
+        preempted = session.TryEnd(ending=session.Ending.PREEMPTED, saved=seq is not None)
+        suspended = session.after_cause(preempted, cause).ending is session.Ending.SUSPENDED
         if self._group.active:
-            if not self._group.broadcast([int(bool(cause and cause.suspended))])[0]:
-                return None
-        elif cause is None or not cause.suspended:
+            suspended = bool(self._group.broadcast([int(suspended)])[0])
+        if not suspended:
             return None
         reason = cause.reason if cause is not None else "rank 0's pod: its Job is suspended"
         error = suspend_mod.evicted(reason, seq=seq, what=what)

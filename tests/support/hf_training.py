@@ -16,7 +16,6 @@ import argparse
 import os
 import signal
 import sys
-import time
 import tempfile
 from typing import Any
 
@@ -59,10 +58,13 @@ class DieAfter(TrainerCallback):
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step != self.step + self.every + 1:
             return
-        for _ in range(6000):  # the writer process commits in the background
-            if self.cairn.checkpointer.committed_step == self.step:
-                break
-            time.sleep(0.05)
+        # The writer process commits in the background; wait() also takes its report (on a
+        # busy machine it comes after the step that would otherwise have taken it).
+        ckpt = self.cairn.checkpointer
+        if not ckpt.wait(timeout=300) or ckpt.committed_step != self.step:
+            print(f"the snapshot of step {self.step} was not committed "
+                  f"(committed: {ckpt.committed_step})", flush=True)
+            os._exit(3)
         print(f"committed {self.step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

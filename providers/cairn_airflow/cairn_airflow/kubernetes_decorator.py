@@ -191,7 +191,7 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
         import time
         import traceback
 
-        from cairn.runtime import endings, env, exits
+        from cairn.runtime import endings, env, session
 
         started_at = time.time()
         url, key = env.STORE.get(), env.KEY.get()
@@ -220,7 +220,7 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
             if parsed_key is not None:
                 endings.record_try(ckpt, url, parsed_key, started_at=started_at, error=error,
                                    detail={"where": "pod"})
-            code = exits.try_exit_code(error)
+            code = session.try_exit_code(error)
             if code is None:
                 raise
             traceback.print_exc()

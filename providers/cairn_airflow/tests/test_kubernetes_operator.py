@@ -32,14 +32,13 @@ from cairn.policy import CapacityOption, PolicySettings
 from cairn.store import Key
 from cairn import open_store
 from cairn.store.outcomes import Outcome, OutcomeKind
-from cairn_airflow.kubernetes import (
-    IMAGE_STATE_KEY,
-    CairnKubernetesPodOperator,
+from cairn_airflow.kubernetes import IMAGE_STATE_KEY, CairnKubernetesPodOperator
+from cairn_airflow.pod_status import (
     digest_of,
     image_digest_from_pod,
     image_repository,
-    pin_image,
     outcome_from_pod,
+    pin_image,
     pod_end_error,
     record_pod_outcome,
 )

@@ -69,7 +69,8 @@ def test_no_exit_code_defined_outside_the_runtime_layer() -> None:
 
 def test_no_outcome_mapping_outside_the_runtime_layer() -> None:
     """A module that names a try-ending exception and an outcome kind is mapping one to the
-    other: that mapping lives in :mod:`cairn.runtime.endings`."""
+    other: that mapping lives in :mod:`cairn.runtime.session` (tests/unit/runtime/
+    test_session.py checks inside the runtime layer too)."""
     found = []
     for path in modules():
         tree = ast.parse(path.read_text())

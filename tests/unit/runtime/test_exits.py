@@ -27,8 +27,8 @@ from cairn.runtime.exits import (
     error_for_exit,
     exit_code_for,
     from_wait_status,
-    try_exit_code,
 )
+from cairn.runtime.session import try_exit_code
 
 
 @pytest.mark.parametrize("error,code", [

@@ -8,8 +8,9 @@ import logging
 import pytest
 
 from cairn.exceptions import ConfigError, StoreError, Suspended
-from cairn.runtime import endings, env
+from cairn.runtime import env
 from cairn.runtime.exits import ExitCode
+from cairn.runtime.session import Conclusion, conclude, end_of_error, end_of_exit
 from cairn.runtime.suspend import SuspendWatch, held, honoured, poll_seconds
 from cairn.store.outcomes import OutcomeKind
 from cairn.store.requests import Request, RequestKind, Suspension, SuspendState
@@ -92,8 +93,8 @@ def test_an_honoured_request_ends_the_try_suspended_with_its_code() -> None:
     error = honoured(ASK, seq=9, what="step 41")
     assert isinstance(error, Suspended) and error.code == ExitCode.SUSPENDED and error.seq == 9
     assert "ops@host" in str(error) and "urgent job" in str(error) and "step 41" in str(error)
-    assert endings.outcome_kind(error) is OutcomeKind.SUSPENDED
-    assert endings.outcome_kind_for_exit(ExitCode.SUSPENDED) is OutcomeKind.SUSPENDED
+    assert conclude(end_of_error(error)) == Conclusion(ExitCode.SUSPENDED, OutcomeKind.SUSPENDED)
+    assert conclude(end_of_exit(ExitCode.SUSPENDED)).outcome is OutcomeKind.SUSPENDED
 
 
 def test_a_try_of_a_held_key_stops_before_it_starts() -> None:
