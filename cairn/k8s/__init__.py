@@ -14,9 +14,14 @@ __all__ = ["PodMode", "Staging", "coerce_option", "grant_process_mode", "job_rea
            "node_reader_rbac", "to_v1pod", "with_snapshot_sidecar"]
 
 
+_RBAC = frozenset({"job_reader_rbac", "node_reader_rbac"})
+
+
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from cairn.k8s import transform
+        import importlib
 
-        return getattr(transform, name)
+        module = importlib.import_module("cairn.k8s.rbac" if name in _RBAC else
+                                         "cairn.k8s.transform")
+        return getattr(module, name)
     raise AttributeError(f"module 'cairn.k8s' has no attribute {name!r}")

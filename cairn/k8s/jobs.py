@@ -5,7 +5,7 @@ deletes the pods, which get SIGTERM and their grace, exactly as in a drain. Only
 the two apart. A native sidecar gets its own SIGTERM only after the main container has exited,
 so it answers the supervisor's ask instead (:mod:`cairn.runtime.channel`, ``cause.json``): one
 ``GET /apis/batch/v1/namespaces/NS/jobs/NAME`` per ask, none while the step runs. That needs
-``get`` on ``jobs`` (:func:`cairn.k8s.transform.job_reader_rbac`); without it, or when the API
+``get`` on ``jobs`` (:func:`cairn.k8s.rbac.job_reader_rbac`); without it, or when the API
 cannot be reached, the answer is "not suspended" with the reason, and the try ends
 ``preempted``.
 """

@@ -22,6 +22,10 @@ is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.
 * ``terminationGracePeriodSeconds`` covers the measured final-snapshot cost plus a margin;
 * process mode gets the security settings measured in ADR 0008; state mode needs none;
 * optionally a node affinity that keeps the pod off nodes with scheduled maintenance.
+
+Its one job is that pod spec, step by step (``_transform_pod``). Elsewhere: a Job's and a
+JobSet's templates and keys (:mod:`cairn.k8s.job_templates`), what the sidecar needs to reach
+the store (:mod:`cairn.k8s.store_access`), the grants its watchers need (:mod:`cairn.k8s.rbac`).
 """
 
 from __future__ import annotations
@@ -32,14 +36,26 @@ import json
 import math
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import channel, env
 from cairn.runtime.choices import coerce_option
+from cairn.k8s.job_templates import (
+    JOB_API_VERSION,
+    JOB_ENV,
+    JOBSET_API_VERSION,
+    NAMESPACE_ENV,
+    check_api_version,
+    manifest_name,
+    transform_job,
+    transform_jobset,
+)
 from cairn.k8s.quantity import format_bytes, parse_bytes, round_up_mib
+from cairn.k8s.rbac import DNS_NAME
+from cairn.k8s.store_access import check_store, uploader_access
 from cairn.k8s.watchers import MAINTENANCE_LABEL
-from cairn.store import Setting, store_kind, url_forms
 from cairn.store.keys import Key
 
 SIDECAR_NAME = "cairn-sidecar"
@@ -64,28 +80,12 @@ APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
 GPU_RESOURCE = "nvidia.com/gpu"
 SPOOL_PATH = f"{SHARED_PATH}/spool"
 # Every store's secret file (encrypted stores); the uploading sidecar must read it too.
-_SECRET_SETTING = Setting(name=env.SECRET_FILE.name, is_file=True,
-                          fix="mount it from a Secret volume, or pass secret_name= to mount one")
-
-
-def store_env(store: str) -> tuple[Setting, ...]:
-    """What the client of the store at ``store`` reads from the environment (its kind's
-    settings and the secret file): the uploading sidecar gets the main container's values."""
-    return store_kind(store).environment + (_SECRET_SETTING,)
 SECRET_VOLUME_NAME = "cairn-secret"
 SECRET_DIR = "/var/run/cairn-secret"
 SECRET_FILE_NAME = "cairn.secret"
-_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 # Jobs and JobSets (ADR 0028): a Job pod's key is (namespace, Job, completion index), known only
 # in the pod, so it is built from the downward API and Kubernetes' $(VAR) expansion.
-JOB_API_VERSION = "batch/v1"
-JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # on a Job's pods since Kubernetes 1.27
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # Indexed Jobs
-NAMESPACE_ENV = env.K8S_NAMESPACE.name
-JOB_ENV = env.K8S_JOB.name
-INDEX_ENV = env.K8S_COMPLETION_INDEX.name
 SIDECAR_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 # Uploading hashes and sends every dump (cairn.k8s.uploader keeps two 16 MiB packs in flight).
 UPLOADER_RESOURCES = {"requests": {"cpu": "250m", "memory": "256Mi"},
@@ -108,10 +108,6 @@ class Staging(str, enum.Enum):
 
 class GraceWarning(UserWarning):
     """The final snapshot needs more time than the platform gives a preempted pod."""
-
-
-class StoreAccessWarning(UserWarning):
-    """The uploading sidecar cannot reach the store the way the main container can."""
 
 
 # -- V1Pod <-> dict ----------------------------------------------------------------------------
@@ -296,66 +292,6 @@ def _sidecar(*, image: str, port: int, grace_s: int, preemption_window_s: float,
     return container
 
 
-def _mount_for(container: dict[str, Any], path: str) -> dict[str, Any] | None:
-    """The container's volume mount that holds ``path`` (the deepest one)."""
-    best = None
-    for m in container.get("volumeMounts") or []:
-        root = str(m.get("mountPath", "")).rstrip("/")
-        if path == root or path.startswith(root + "/"):
-            if best is None or len(root) > len(str(best["mountPath"]).rstrip("/")):
-                best = m
-    return best
-
-
-def _uploader_access(main: dict[str, Any], sidecar: dict[str, Any], store: str) -> None:
-    """Give the uploading sidecar what the main container uses to reach the store: the
-    credentials settings in its environment (and the volume a key file is on), or for a store
-    on a mounted volume, that volume at the same path."""
-    settings = {s.name: s for s in store_env(store)}
-    wanted = [dict(e) for e in main.get("env") or [] if e.get("name") in settings]
-    mounts: list[dict[str, Any]] = []
-    for e in wanted:
-        setting = settings[e["name"]]
-        if setting.is_file and isinstance(e.get("value"), str):
-            mount = _mount_for(main, e["value"])
-            if mount is None:
-                raise ConfigError(
-                    f"{e['name']}={e['value']} is not on a volume container "
-                    f"{main.get('name')!r} mounts, so the uploading sidecar cannot read it: "
-                    f"{setting.fix}")
-            mounts.append({**mount, "readOnly": True})
-    kind = store_kind(store)
-    path = kind.path_of(store)
-    if not kind.remote and path is not None:
-        mount = _mount_for(main, path)
-        if mount is None:
-            warnings.warn(StoreAccessWarning(
-                f"store {store!r} is not on a volume container {main.get('name')!r} mounts: "
-                "the uploading sidecar would write it into its own filesystem, which dies with "
-                "the pod. Mount a persistent volume there (the sidecar gets it too), or use "
-                f"a bucket ({url_forms(remote=True)})"), stacklevel=3)
-        else:
-            mounts.append(dict(mount))
-    if wanted:
-        sidecar["env"] = list(sidecar.get("env") or []) + wanted
-    taken = {m["mountPath"] for m in sidecar["volumeMounts"]}
-    for mount in mounts:
-        if mount["mountPath"] not in taken:
-            sidecar["volumeMounts"].append(mount)
-            taken.add(mount["mountPath"])
-
-
-def _check_store(store: str) -> str:
-    if not isinstance(store, str) or not store.strip():
-        raise ConfigError(f"store= is empty; give a bucket ({url_forms(remote=True)}) or a "
-                          "path on a mounted persistent volume")
-    try:
-        store_kind(store)
-    except ConfigError as e:
-        raise ConfigError(f"store= {e}") from None
-    return store.strip()
-
-
 def _seconds(value: float | None, what: str) -> float | None:
     if value is None:
         return None
@@ -371,17 +307,6 @@ def _size(value: int | str | None, what: str) -> int | None:
 
 # -- Jobs and JobSets -------------------------------------------------------------------------
 
-def _name(manifest: dict[str, Any]) -> str:
-    return str((manifest.get("metadata") or {}).get("name") or "(unnamed)")
-
-
-def _check_api_version(manifest: dict[str, Any], wanted: str) -> None:
-    given = manifest.get("apiVersion")
-    if given not in (None, wanted):
-        raise ConfigError(f"a {manifest.get('kind')} of apiVersion {given!r}: cairn transforms "
-                          f"{wanted}; convert it to that version first")
-
-
 def _prepend_env(container: dict[str, Any], values: list[dict[str, Any]]) -> None:
     """Put ``values`` first in the container's env, so later values can use them as $(VAR)."""
     env_list = container.setdefault("env", [])
@@ -393,88 +318,195 @@ def _prepend_env(container: dict[str, Any], values: list[dict[str, Any]]) -> Non
     env_list[:0] = copy.deepcopy(values)
 
 
-def _field(path: str) -> dict[str, Any]:
-    return {"fieldRef": {"fieldPath": path}}
+@dataclass(frozen=True, kw_only=True)
+class _PodPlan:
+    """:func:`with_snapshot_sidecar`'s options, checked: what each pod of the manifest gets."""
+
+    mode: PodMode
+    store: str
+    container: str | None
+    every: str
+    final_s: float | None
+    margin_s: float | None
+    cap_s: float | None
+    state_n: int | None
+    gpu_n: int
+    staging_n: int | None
+    staging: Staging
+    sidecar_image: str
+    metrics_port: int
+    on_gce: bool
+    watch_node_label: bool
+    image_pull_policy: str | None
+    avoid_maintenance: bool
+    secret_name: str | None
+    secret_key: str
 
 
-def _job_key(key: str | None, *, what: str, several_jobs: bool) -> str:
-    """The key template of a Job's pods (docs/kubernetes.md, "Jobs and JobSets"): by default
-    ``NAMESPACE/JOB/INDEX``; ``key=PREFIX`` gives ``PREFIX/JOB/INDEX``; a ``key`` that names
-    ``$(CAIRN_K8S_COMPLETION_INDEX)`` itself is taken as it is (it must tell the pods apart)."""
-    index, job, namespace = f"$({INDEX_ENV})", f"$({JOB_ENV})", f"$({NAMESPACE_ENV})"
-    if key is None:
-        return f"{namespace}/{job}/{index}"
-    if not isinstance(key, str):
-        raise ConfigError(f"key={key!r} must be text")
-    if "$(" not in key:
-        Key.parse(key)  # raises ConfigError with the key rules
-        return f"{key.strip('/')}/{job}/{index}"
-    sample = key.replace(index, "0").replace(job, "train-0").replace(namespace, "ml")
-    if "$(" in sample:
-        raise ConfigError(f"key {key!r} for {what} names a variable cairn does not set: it may use "
-                          f"{namespace}, {job} and {index}")
-    if index not in key or (several_jobs and job not in key):
-        needed = f"{job} and {index}" if several_jobs else index
-        raise ConfigError(f"key {key!r} for {what} does not tell its pods apart: include "
-                          f"{needed}, or pass key=None for NAMESPACE/JOB/INDEX")
-    Key.parse(sample)
-    return key
+def _transform_pod(plan: _PodPlan, manifest: dict[str, Any], pod_key: str,
+                   key_env: list[dict[str, Any]]) -> None:
+    """Put one pod (or pod template) under cairn, in place; ``key_env``: the variables
+    ``pod_key`` expands (the main container and the sidecar get them first)."""
+    metadata = manifest.setdefault("metadata", {})
+    spec = manifest.get("spec")
+    if not isinstance(spec, dict):
+        raise ConfigError("the pod has no spec")
+    main = _find_container(spec, plan.container)
+    _refuse_transformed(spec, plan.metrics_port)
+    argv = _process_command(plan, spec, main) if plan.mode is PodMode.PROCESS else []
+    staging_n = _staging_bytes(plan, main)
+    grace = _grace(plan, spec)
+    _mount_shared(plan, spec, main, staging_n)
+    _run_under_cairn(plan, spec, metadata, main, pod_key=pod_key, grace=grace, argv=argv)
+    _attach_sidecar(plan, spec, main, pod_key=pod_key, grace=grace, key_env=key_env)
 
 
-def _transform_job(job: dict[str, Any], *, key: str | None, what: str, transform_pod: Any,
-                   several_jobs: bool, default_indexed: bool = False) -> None:
-    """Transform the pod template of ``job`` (a Job, or a JobSet's Job template), in place."""
-    spec = job.get("spec")
-    template = spec.get("template") if isinstance(spec, dict) else None
-    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
-        raise ConfigError(f"{what} has no spec.template.spec: give the pod template cairn wraps")
-    if default_indexed:  # JobSet's webhook defaults its Jobs to Indexed; say it explicitly
-        spec.setdefault("completionMode", "Indexed")
-    completion_mode = spec.get("completionMode") or "NonIndexed"
-    if completion_mode == "Indexed":
-        index_env: dict[str, Any] = {"name": INDEX_ENV, "valueFrom": _field(
-            f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']")}
-    elif (spec.get("completions") or 1) == 1 and (spec.get("parallelism") or 1) == 1:
-        index_env = {"name": INDEX_ENV, "value": "0"}  # one pod at a time: its retries resume
+def _refuse_transformed(spec: dict[str, Any], metrics_port: int) -> None:
+    """Idempotence is refused rather than guessed at: a second pass would wrap `cairn run`
+    twice; and nothing of the pod's may take the sidecar's names, path or port."""
+    if any(c.get("name") == SIDECAR_NAME for c in _all_containers(spec)):
+        raise ConfigError(f"the pod already has a container named {SIDECAR_NAME!r}: it was "
+                          "transformed already")
+    if any(v.get("name") == VOLUME_NAME for v in spec.get("volumes") or []):
+        raise ConfigError(f"the pod already has a volume named {VOLUME_NAME!r}; rename it")
+    for c in _all_containers(spec):
+        if any(m.get("mountPath") == SHARED_PATH for m in c.get("volumeMounts") or []):
+            raise ConfigError(f"container {c.get('name')!r} already mounts {SHARED_PATH}")
+        if any(p.get("containerPort") == metrics_port for p in c.get("ports") or []):
+            raise ConfigError(f"container {c.get('name')!r} already uses port {metrics_port}; "
+                              "pass another metrics_port=")
+
+
+def _gpus(main: dict[str, Any]) -> Any:
+    return ((main.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE)
+
+
+def _process_command(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any]) -> list[str]:
+    """Process mode: the command ``cairn run`` wraps, after checking it can."""
+    name = main.get("name")
+    if spec.get("shareProcessNamespace"):
+        raise ConfigError("process mode needs the main container in its own PID namespace "
+                          "(CRIU restores exact PIDs): remove shareProcessNamespace")
+    if plan.every not in ("0", "never"):
+        from cairn.runtime.durations import parse_duration
+
+        parse_duration(plan.every)  # raises ConfigError naming the accepted forms
+    argv = list(main.get("command") or []) + list(main.get("args") or [])
+    if not main.get("command"):
+        raise ConfigError(f"container {name!r} has no command: process mode wraps it in "
+                          "`cairn run -- CMD`, and the image's ENTRYPOINT is not in the pod "
+                          "spec; set command (and args) explicitly")
+    if argv[:2] == ["cairn", "run"]:
+        raise ConfigError(f"container {name!r} already runs `cairn run`; pass the bare command")
+    gpus = _gpus(main)
+    if gpus not in (None, 0, "0") and not plan.gpu_n:
+        raise ConfigError(f"container {name!r} asks for {gpus} {GPU_RESOURCE}: give "
+                          "gpu_memory_bytes= (the GPU memory the job uses, all GPUs), which "
+                          "the driver copies into host RAM before a dump")
+    return argv
+
+
+def _staging_bytes(plan: _PodPlan, main: dict[str, Any]) -> int:
+    """The shared volume's size: a process image's staging, or the channel files only."""
+    staging_n = plan.staging_n
+    if plan.mode is PodMode.PROCESS:
+        if staging_n is None:
+            if plan.state_n is None:
+                raise ConfigError("give staging_bytes= (the staging volume's size) or "
+                                  "state_bytes= (the workload's resident memory) to size it")
+            staging_n = round_up_mib(int((plan.state_n + plan.gpu_n) * STAGING_HEADROOM))
+    elif staging_n is None:
+        staging_n = CHANNEL_ONLY_BYTES  # state mode: the volume carries only the channel files
+    return round_up_mib(max(staging_n, CHANNEL_ONLY_BYTES))
+
+
+def _grace(plan: _PodPlan, spec: dict[str, Any]) -> int:
+    """At least the final snapshot plus a margin, never less than what was set."""
+    current = spec.get("terminationGracePeriodSeconds")
+    grace = int(current) if current is not None else DEFAULT_GRACE_S
+    final_s, margin_s, cap_s = plan.final_s, plan.margin_s, plan.cap_s
+    if final_s is not None:
+        needed = int(math.ceil(final_s + (margin_s or 0.0)))
+        grace = max(grace, needed)
+        if cap_s is not None and needed > cap_s:
+            warnings.warn(GraceWarning(
+                f"the final snapshot needs {needed}s (measured {final_s:g}s + {margin_s:g}s "
+                f"margin) but the platform gives a preempted pod {cap_s:g}s (GKE spot: "
+                f"{GKE_SPOT_GRACE_S:g}s): on preemption the last periodic snapshot is what "
+                f"resumes; snapshot more often (every=) or use on-demand nodes"), stacklevel=5)
+    spec["terminationGracePeriodSeconds"] = grace
+    return grace
+
+
+def _mount_shared(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any],
+                  staging_n: int) -> None:
+    """The shared volume (and the secret's), and what a memory-backed one costs the main
+    container."""
+    volume: dict[str, Any] = {"name": VOLUME_NAME,
+                              "emptyDir": {"sizeLimit": format_bytes(staging_n)}}
+    if plan.staging is Staging.MEMORY:
+        volume["emptyDir"]["medium"] = "Memory"
+    spec.setdefault("volumes", []).append(volume)
+    main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
+    if plan.secret_name is not None:
+        if any(v.get("name") == SECRET_VOLUME_NAME for v in spec["volumes"]):
+            raise ConfigError(f"the pod already has a volume named {SECRET_VOLUME_NAME!r}")
+        spec["volumes"].append({"name": SECRET_VOLUME_NAME, "secret": {
+            "secretName": plan.secret_name, "defaultMode": 0o440,
+            "items": [{"key": plan.secret_key, "path": SECRET_FILE_NAME}]}})
+        main["volumeMounts"].append({"name": SECRET_VOLUME_NAME, "mountPath": SECRET_DIR,
+                                     "readOnly": True})
+        _merge_env(main, {env.SECRET_FILE.name: f"{SECRET_DIR}/{SECRET_FILE_NAME}"})
+    extra_memory = (staging_n if plan.staging is Staging.MEMORY else 0)
+    if plan.mode is PodMode.PROCESS:
+        extra_memory += plan.gpu_n
+    elif plan.state_n:
+        extra_memory += round_up_mib(int(math.ceil(plan.state_n * STATE_STAGING_FACTOR)))
+    _add_memory(main, extra_memory)
+
+
+def _run_under_cairn(plan: _PodPlan, spec: dict[str, Any], metadata: dict[str, Any],
+                     main: dict[str, Any], *, pod_key: str, grace: int,
+                     argv: list[str]) -> None:
+    """Process mode: the command wrapped in ``cairn run`` (which only dumps into the spool;
+    the sidecar uploads, ADR 0014) with ADR 0008's privileges. State mode: the Checkpointer's
+    settings in the environment."""
+    notice_file = f"{SHARED_PATH}/{channel.NOTICE_NAME}"
+    status_file = f"{SHARED_PATH}/{channel.STATUS_NAME}"
+    if plan.mode is PodMode.PROCESS:
+        main["command"] = ["cairn", "run", "--store", plan.store, "--key", pod_key,
+                           "--every", plan.every, "--grace", f"{grace}s",
+                           "--workdir", f"{SHARED_PATH}/run",
+                           "--notice-file", notice_file, "--status-file", status_file,
+                           "--", *argv]
+        main.pop("args", None)
+        _merge_env(main, {env.SPOOL_DIR.name: SPOOL_PATH})
+        _process_security(spec, main, metadata)
     else:
-        raise ConfigError(f"{what} is NonIndexed with completions={spec.get('completions')} and "
-                          f"parallelism={spec.get('parallelism')}: its pods have no identity a "
-                          "retry could resume as; set spec.completionMode: Indexed (each pod's "
-                          "key ends in its completion index), or run one pod (completions and "
-                          "parallelism 1)")
-    key_env = [{"name": NAMESPACE_ENV, "valueFrom": _field("metadata.namespace")},
-               {"name": JOB_ENV, "valueFrom": _field(f"metadata.labels['{JOB_NAME_LABEL}']")},
-               index_env]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template.setdefault("metadata", {}),
-           "spec": template["spec"]}
-    transform_pod(pod, _job_key(key, what=what, several_jobs=several_jobs), key_env)
+        _merge_env(main, {env.STORE.name: plan.store, env.KEY.name: pod_key,
+                          env.NOTICE_FILE.name: notice_file, env.STATUS_FILE.name: status_file})
 
 
-def _transform_jobset(jobset: dict[str, Any], *, key: str | None,
-                      replicated_jobs: list[str] | tuple[str, ...] | None,
-                      transform_pod: Any) -> None:
-    """Transform each (or each named) replicated Job's template of ``jobset``, in place."""
-    spec = jobset.get("spec")
-    jobs = spec.get("replicatedJobs") if isinstance(spec, dict) else None
-    if not isinstance(jobs, list) or not jobs:
-        raise ConfigError(f"JobSet {_name(jobset)!r} has no spec.replicatedJobs")
-    names = [j.get("name") for j in jobs]
-    if replicated_jobs is not None:
-        if isinstance(replicated_jobs, str) or not replicated_jobs:
-            raise ConfigError("replicated_jobs= is a list of replicatedJobs names (None: all)")
-        unknown = [n for n in replicated_jobs if n not in names]
-        if unknown:
-            raise ConfigError(f"replicated_jobs={unknown} are not in JobSet {_name(jobset)!r}, "
-                              f"which has {names}")
-    several = len(jobs) > 1 or any((j.get("replicas") or 1) > 1 for j in jobs)
-    for job in jobs:
-        if replicated_jobs is None or job.get("name") in replicated_jobs:
-            template = job.get("template")
-            _transform_job({"spec": template.get("spec") if isinstance(template, dict) else None},
-                           key=key,
-                           what=f"JobSet {_name(jobset)!r} replicatedJob {job.get('name')!r}",
-                           transform_pod=transform_pod, several_jobs=several,
-                           default_indexed=True)
+def _attach_sidecar(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any], *,
+                    pod_key: str, grace: int, key_env: list[dict[str, Any]]) -> None:
+    """The native sidecar first among the init containers, with what it needs."""
+    window = grace if plan.cap_s is None else min(float(grace), plan.cap_s)
+    sidecar = _sidecar(
+        image=plan.sidecar_image, port=plan.metrics_port, grace_s=grace,
+        preemption_window_s=window, on_gce=plan.on_gce, watch_node_label=plan.watch_node_label,
+        image_pull_policy=plan.image_pull_policy,
+        upload_to=(plan.store, pod_key) if plan.mode is PodMode.PROCESS else None)
+    if plan.mode is PodMode.PROCESS:
+        uploader_access(main, sidecar, plan.store)
+    _share_volume_group(spec)
+    spec.setdefault("initContainers", []).insert(0, sidecar)
+    if plan.avoid_maintenance:
+        _avoid_maintenance(spec)
+    if key_env:
+        _prepend_env(main, key_env)
+        _prepend_env(sidecar, key_env)
+        # A suspended Job's try ends suspended, in both modes (needs job_reader_rbac).
+        sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
 
 
 # -- the transform -----------------------------------------------------------------------------
@@ -532,13 +564,13 @@ def with_snapshot_sidecar(
     Raises :class:`ConfigError` naming the fix for bad input.
     """
     mode = coerce_option(PodMode, mode, "mode")
-    if secret_name is not None and not (isinstance(secret_name, str) and _DNS_NAME.fullmatch(
+    if secret_name is not None and not (isinstance(secret_name, str) and DNS_NAME.fullmatch(
             secret_name) and isinstance(secret_key, str) and _SECRET_KEY.fullmatch(secret_key)):
         raise ConfigError(f"secret_name={secret_name!r} / secret_key={secret_key!r}: give the "
                           "name of a Kubernetes Secret (lowercase DNS name) and the item that "
                           "holds the secret file")
     staging = coerce_option(Staging, staging, "staging")
-    store = _check_store(store)
+    store = check_store(store)
     if not isinstance(sidecar_image, str) or not sidecar_image.strip():
         raise ConfigError("sidecar_image= is empty; build containers/Dockerfile.sidecar and give "
                           "its reference (pinned by tag or digest)")
@@ -549,138 +581,21 @@ def with_snapshot_sidecar(
     if isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or \
             not 0 < metrics_port < 65536:
         raise ConfigError(f"metrics_port={metrics_port!r} is not a TCP port")
-    final_s = _seconds(final_snapshot_s, "final_snapshot_s")
-    margin_s = _seconds(grace_margin_s, "grace_margin_s")
-    cap_s = _seconds(grace_cap_s, "grace_cap_s")
-    state_n = _size(state_bytes, "state_bytes")
-    gpu_n = _size(gpu_memory_bytes, "gpu_memory_bytes") or 0
-    staging_size = _size(staging_bytes, "staging_bytes")
+    plan = _PodPlan(
+        mode=mode, store=store, container=container, every=every,
+        final_s=_seconds(final_snapshot_s, "final_snapshot_s"),
+        margin_s=_seconds(grace_margin_s, "grace_margin_s"),
+        cap_s=_seconds(grace_cap_s, "grace_cap_s"),
+        state_n=_size(state_bytes, "state_bytes"),
+        gpu_n=_size(gpu_memory_bytes, "gpu_memory_bytes") or 0,
+        staging_n=_size(staging_bytes, "staging_bytes"), staging=staging,
+        sidecar_image=sidecar_image.strip(), metrics_port=metrics_port, on_gce=on_gce,
+        watch_node_label=watch_node_label, image_pull_policy=image_pull_policy,
+        avoid_maintenance=avoid_maintenance, secret_name=secret_name, secret_key=secret_key)
 
     def transform_pod(manifest: dict[str, Any], pod_key: str,
                       key_env: list[dict[str, Any]]) -> None:
-        """Put one pod (or pod template) under cairn, in place; ``key_env``: the variables
-        ``pod_key`` expands (the main container and the sidecar get them first)."""
-        staging_n = staging_size
-        metadata = manifest.setdefault("metadata", {})
-        spec = manifest.get("spec")
-        if not isinstance(spec, dict):
-            raise ConfigError("the pod has no spec")
-        main = _find_container(spec, container)
-        name = main.get("name")
-
-        # Idempotence is refused rather than guessed at: a second pass would wrap `cairn run` twice.
-        if any(c.get("name") == SIDECAR_NAME for c in _all_containers(spec)):
-            raise ConfigError(f"the pod already has a container named {SIDECAR_NAME!r}: it was "
-                              "transformed already")
-        if any(v.get("name") == VOLUME_NAME for v in spec.get("volumes") or []):
-            raise ConfigError(f"the pod already has a volume named {VOLUME_NAME!r}; rename it")
-        for c in _all_containers(spec):
-            if any(m.get("mountPath") == SHARED_PATH for m in c.get("volumeMounts") or []):
-                raise ConfigError(f"container {c.get('name')!r} already mounts {SHARED_PATH}")
-            if any(p.get("containerPort") == metrics_port for p in c.get("ports") or []):
-                raise ConfigError(f"container {c.get('name')!r} already uses port {metrics_port}; "
-                                  "pass another metrics_port=")
-
-        gpus = ((main.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE)
-        uses_gpu = gpus not in (None, 0, "0")
-        if mode is PodMode.PROCESS:
-            if spec.get("shareProcessNamespace"):
-                raise ConfigError("process mode needs the main container in its own PID namespace "
-                                  "(CRIU restores exact PIDs): remove shareProcessNamespace")
-            if every not in ("0", "never"):
-                from cairn.runtime.durations import parse_duration
-
-                parse_duration(every)  # raises ConfigError naming the accepted forms
-            argv = list(main.get("command") or []) + list(main.get("args") or [])
-            if not main.get("command"):
-                raise ConfigError(f"container {name!r} has no command: process mode wraps it in "
-                                  "`cairn run -- CMD`, and the image's ENTRYPOINT is not in the pod "
-                                  "spec; set command (and args) explicitly")
-            if argv[:2] == ["cairn", "run"]:
-                raise ConfigError(f"container {name!r} already runs `cairn run`; pass the bare "
-                                  "command")
-            if uses_gpu and not gpu_n:
-                raise ConfigError(f"container {name!r} asks for {gpus} {GPU_RESOURCE}: give "
-                                  "gpu_memory_bytes= (the GPU memory the job uses, all GPUs), which "
-                                  "the driver copies into host RAM before a dump")
-            if staging_n is None:
-                if state_n is None:
-                    raise ConfigError("give staging_bytes= (the staging volume's size) or "
-                                      "state_bytes= (the workload's resident memory) to size it")
-                staging_n = round_up_mib(int((state_n + gpu_n) * STAGING_HEADROOM))
-        elif staging_n is None:
-            staging_n = CHANNEL_ONLY_BYTES  # state mode: the volume carries only the channel files
-        staging_n = round_up_mib(max(staging_n, CHANNEL_ONLY_BYTES))
-
-        # Grace: at least the final snapshot plus a margin, never less than what was set.
-        current = spec.get("terminationGracePeriodSeconds")
-        grace = int(current) if current is not None else DEFAULT_GRACE_S
-        if final_s is not None:
-            needed = int(math.ceil(final_s + (margin_s or 0.0)))
-            grace = max(grace, needed)
-            if cap_s is not None and needed > cap_s:
-                warnings.warn(GraceWarning(
-                    f"the final snapshot needs {needed}s (measured {final_s:g}s + {margin_s:g}s "
-                    f"margin) but the platform gives a preempted pod {cap_s:g}s (GKE spot: "
-                    f"{GKE_SPOT_GRACE_S:g}s): on preemption the last periodic snapshot is what "
-                    f"resumes; snapshot more often (every=) or use on-demand nodes"), stacklevel=2)
-        spec["terminationGracePeriodSeconds"] = grace
-
-        # The shared volume, and what a memory-backed one costs the main container.
-        volume: dict[str, Any] = {"name": VOLUME_NAME, "emptyDir": {"sizeLimit": format_bytes(staging_n)}}
-        if staging is Staging.MEMORY:
-            volume["emptyDir"]["medium"] = "Memory"
-        spec.setdefault("volumes", []).append(volume)
-        main.setdefault("volumeMounts", []).append({"name": VOLUME_NAME, "mountPath": SHARED_PATH})
-        if secret_name is not None:
-            if any(v.get("name") == SECRET_VOLUME_NAME for v in spec["volumes"]):
-                raise ConfigError(f"the pod already has a volume named {SECRET_VOLUME_NAME!r}")
-            spec["volumes"].append({"name": SECRET_VOLUME_NAME, "secret": {
-                "secretName": secret_name, "defaultMode": 0o440,
-                "items": [{"key": secret_key, "path": SECRET_FILE_NAME}]}})
-            main["volumeMounts"].append({"name": SECRET_VOLUME_NAME, "mountPath": SECRET_DIR,
-                                         "readOnly": True})
-            _merge_env(main, {env.SECRET_FILE.name: f"{SECRET_DIR}/{SECRET_FILE_NAME}"})
-        extra_memory = (staging_n if staging is Staging.MEMORY else 0)
-        if mode is PodMode.PROCESS:
-            extra_memory += gpu_n
-        elif state_n:
-            extra_memory += round_up_mib(int(math.ceil(state_n * STATE_STAGING_FACTOR)))
-        _add_memory(main, extra_memory)
-
-        notice_file = f"{SHARED_PATH}/{channel.NOTICE_NAME}"
-        status_file = f"{SHARED_PATH}/{channel.STATUS_NAME}"
-        if mode is PodMode.PROCESS:
-            main["command"] = ["cairn", "run", "--store", store, "--key", pod_key,
-                               "--every", every, "--grace", f"{grace}s",
-                               "--workdir", f"{SHARED_PATH}/run",
-                               "--notice-file", notice_file, "--status-file", status_file,
-                               "--", *argv]
-            main.pop("args", None)
-            # The sidecar uploads: `cairn run` only dumps into the spool (ADR 0014).
-            _merge_env(main, {env.SPOOL_DIR.name: SPOOL_PATH})
-            _process_security(spec, main, metadata)
-        else:
-            _merge_env(main, {env.STORE.name: store, env.KEY.name: pod_key,
-                              env.NOTICE_FILE.name: notice_file, env.STATUS_FILE.name: status_file})
-
-        window = grace if cap_s is None else min(float(grace), cap_s)
-        sidecar = _sidecar(
-            image=sidecar_image.strip(), port=metrics_port, grace_s=grace,
-            preemption_window_s=window, on_gce=on_gce, watch_node_label=watch_node_label,
-            image_pull_policy=image_pull_policy,
-            upload_to=(store, pod_key) if mode is PodMode.PROCESS else None)
-        if mode is PodMode.PROCESS:
-            _uploader_access(main, sidecar, store)
-        _share_volume_group(spec)
-        spec.setdefault("initContainers", []).insert(0, sidecar)
-        if avoid_maintenance:
-            _avoid_maintenance(spec)
-        if key_env:
-            _prepend_env(main, key_env)
-            _prepend_env(sidecar, key_env)
-            # A suspended Job's try ends suspended, in both modes (needs job_reader_rbac).
-            sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
+        _transform_pod(plan, manifest, pod_key, key_env)
 
     manifest, model = _as_manifest(pod)
     kind = manifest.get("kind")
@@ -691,12 +606,12 @@ def with_snapshot_sidecar(
         Key.parse(key)  # raises ConfigError with the key rules
         transform_pod(manifest, key, [])
     elif kind == "Job":
-        _check_api_version(manifest, JOB_API_VERSION)
-        _transform_job(manifest, key=key, what=f"Job {_name(manifest)!r}",
+        check_api_version(manifest, JOB_API_VERSION)
+        transform_job(manifest, key=key, what=f"Job {manifest_name(manifest)!r}",
                        transform_pod=transform_pod, several_jobs=False)
     elif kind == "JobSet":
-        _check_api_version(manifest, JOBSET_API_VERSION)
-        _transform_jobset(manifest, key=key, replicated_jobs=replicated_jobs,
+        check_api_version(manifest, JOBSET_API_VERSION)
+        transform_jobset(manifest, key=key, replicated_jobs=replicated_jobs,
                           transform_pod=transform_pod)
     else:
         raise ConfigError(f"with_snapshot_sidecar transforms a Pod, a Job ({JOB_API_VERSION}) "
@@ -723,44 +638,3 @@ def grant_process_mode(pod: dict[str, Any], *, container: str) -> dict[str, Any]
                           "(CRIU restores exact PIDs): remove shareProcessNamespace")
     _process_security(spec, _find_container(spec, container), manifest.setdefault("metadata", {}))
     return manifest
-
-
-def node_reader_rbac(*, service_account: str, namespace: str,
-                     name: str = "cairn-node-reader") -> list[dict[str, Any]]:
-    """The ClusterRole and ClusterRoleBinding ``watch_node_label=True`` needs: ``get`` on
-    ``nodes`` (the sidecar reads its own Node's labels; nodes are cluster-scoped)."""
-    for what, value in (("service_account", service_account), ("namespace", namespace),
-                        ("name", name)):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{what}= is empty")
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": name},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": f"{name}-{namespace}-{service_account}"[:253]},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                           "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": service_account,
-                             "namespace": namespace}]}
-    return [role, binding]
-
-
-def job_reader_rbac(*, service_account: str, namespace: str,
-                    name: str = "cairn-job-reader") -> list[dict[str, Any]]:
-    """The Role and RoleBinding a process-mode Job's sidecar needs to tell a Kueue eviction from
-    a drain: ``get`` on ``jobs`` in the Job's namespace (it reads its own Job's
-    ``spec.suspend``; without the grant a suspended Job's try ends ``preempted``)."""
-    for what, value in (("service_account", service_account), ("namespace", namespace),
-                        ("name", name)):
-        if not isinstance(value, str) or not _DNS_NAME.fullmatch(value):
-            raise ConfigError(f"{what}={value!r} is not a Kubernetes name")
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": name, "namespace": namespace},
-            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]}
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": f"{name}-{service_account}"[:253], "namespace": namespace},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                           "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": service_account,
-                             "namespace": namespace}]}
-    return [role, binding]

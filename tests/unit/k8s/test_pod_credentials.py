@@ -17,7 +17,8 @@ from kubernetes_validate.utils import latest_version
 
 from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
-from cairn.k8s.transform import SIDECAR_UID, store_env
+from cairn.k8s.store_access import store_env
+from cairn.k8s.transform import SIDECAR_UID
 
 IMAGE = "registry.example/cairn-sidecar:0.1.0"
 KEY_DIR = "/var/secrets/gcp"

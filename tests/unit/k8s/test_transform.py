@@ -244,7 +244,7 @@ def test_a_path_store_is_mounted_into_the_uploading_sidecar() -> None:
     sidecar = out["spec"]["initContainers"][0]
     assert {"name": "snapshots", "mountPath": "/mnt/snapshots"} in sidecar["volumeMounts"]
     kubernetes_validate.validate(out, "1.29", strict=True)
-    from cairn.k8s.transform import StoreAccessWarning
+    from cairn.k8s.store_access import StoreAccessWarning
 
     with pytest.warns(StoreAccessWarning, match="is not on a volume container 'train' mounts"):
         with_snapshot_sidecar(_pod(), **{**options, "store": "file:///mnt/elsewhere"})

@@ -17,13 +17,8 @@ from kubernetes_validate.utils import latest_version
 
 from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
-from cairn.k8s.transform import (
-    COMPLETION_INDEX_ANNOTATION,
-    INDEX_ENV,
-    JOB_NAME_LABEL,
-    SIDECAR_NAME,
-    _to_model,
-)
+from cairn.k8s.job_templates import COMPLETION_INDEX_ANNOTATION, INDEX_ENV, JOB_NAME_LABEL
+from cairn.k8s.transform import SIDECAR_NAME, _to_model
 from cairn.store import Key
 from tests.unit.k8s import crd_schemas
 from tests.unit.k8s.pod_checks import semantic_problems

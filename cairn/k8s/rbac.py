@@ -1,0 +1,52 @@
+"""The Kubernetes grants the sidecar's optional watchers need, as manifests to apply."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cairn.exceptions import ConfigError
+
+#: A Kubernetes object name (RFC 1123 subdomain).
+DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def node_reader_rbac(*, service_account: str, namespace: str,
+                     name: str = "cairn-node-reader") -> list[dict[str, Any]]:
+    """The ClusterRole and ClusterRoleBinding ``watch_node_label=True`` needs: ``get`` on
+    ``nodes`` (the sidecar reads its own Node's labels; nodes are cluster-scoped)."""
+    for what, value in (("service_account", service_account), ("namespace", namespace),
+                        ("name", name)):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{what}= is empty")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"{name}-{namespace}-{service_account}"[:253]},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account,
+                             "namespace": namespace}]}
+    return [role, binding]
+
+
+def job_reader_rbac(*, service_account: str, namespace: str,
+                    name: str = "cairn-job-reader") -> list[dict[str, Any]]:
+    """The Role and RoleBinding a process-mode Job's sidecar needs to tell a Kueue eviction from
+    a drain: ``get`` on ``jobs`` in the Job's namespace (it reads its own Job's
+    ``spec.suspend``; without the grant a suspended Job's try ends ``preempted``)."""
+    for what, value in (("service_account", service_account), ("namespace", namespace),
+                        ("name", name)):
+        if not isinstance(value, str) or not DNS_NAME.fullmatch(value):
+            raise ConfigError(f"{what}={value!r} is not a Kubernetes name")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": f"{name}-{service_account}"[:253], "namespace": namespace},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account,
+                             "namespace": namespace}]}
+    return [role, binding]
