@@ -72,7 +72,7 @@ class StoreKind:
     and returning the :class:`~cairn.store.backend.Backend`; ``install_hint``: what to install
     when its module cannot be imported.
     ``validate``: raises :class:`~cairn.exceptions.ConfigError` for a malformed URL of this
-    kind, without any I/O. ``path_of``: the directory a non-remote store's URL names.
+    kind, without any I/O (what it returns is ignored: a URL parser serves). ``path_of``: the directory a non-remote store's URL names.
     ``environment``: what the client reads from the environment. ``connection_fields``: the
     Airflow connection's extras for this kind. ``node_selector``: node labels a Kubernetes
     pod that reaches the store without a key file needs (GKE's Workload Identity metadata
@@ -85,7 +85,7 @@ class StoreKind:
     remote: bool
     opener: str
     install_hint: str = ""
-    validate: Callable[[str], None] = _no_check
+    validate: Callable[[str], object] = _no_check
     path_of: Callable[[str], str | None] = _no_path
     environment: tuple[Setting, ...] = ()
     connection_fields: tuple[ConnectionField, ...] = ()

@@ -24,16 +24,12 @@ def path_of(url: str) -> str:
     return unquote(parts.path)
 
 
-def _validate(url: str) -> None:
-    path_of(url)
-
-
 KIND = StoreKind(
     scheme="file",
     title="a local directory",
     url_form=_FORMS,
     remote=False,
     opener="cairn.store.local:open_url",
-    validate=_validate,
+    validate=path_of,
     path_of=path_of,
 )

@@ -21,10 +21,6 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
-def _validate(url: str) -> None:
-    bucket_and_prefix(url)
-
-
 KIND = StoreKind(
     scheme="gs",
     title="Google Cloud Storage",
@@ -32,7 +28,7 @@ KIND = StoreKind(
     remote=True,
     opener="cairn.store.gcs:open_url",
     install_hint="pip install 'cairn-resume[gcs]'",
-    validate=_validate,
+    validate=bucket_and_prefix,
     # What google-auth and cairn.store.gcs read. Workload Identity needs none of them.
     environment=(
         Setting(name="GOOGLE_APPLICATION_CREDENTIALS", is_file=True,

@@ -3,9 +3,7 @@ notice file (``CAIRN_NOTICE_FILE``, as the pod transform sets it) in ``step()``.
 
 from __future__ import annotations
 
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,9 @@ from cairn.state import Checkpointer
 from cairn.state.checkpointer import PersistMode
 from cairn.store import Key
 from cairn import open_store
+from tests.support.signals import restore_signal_handlers  # noqa: F401 - autouse
 
 KEY = "dag/train/run-1"
-
-
-@pytest.fixture(autouse=True)
-def restore_signal_handlers() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
 
 
 def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, notice_at: int,

@@ -13,19 +13,9 @@ from cairn.state.codec import tensor_path
 from cairn.store import Key, Store
 from tests.support import tamper
 from tests.support.hang import HANG_S
+from tests.support.signals import restore_signal_handlers  # noqa: F401 - autouse
 
 KEY = "dag/train/run-1/0"
-
-
-@pytest.fixture(autouse=True)
-def restore_signal_handlers():  # noqa: ANN201
-    """Checkpointers left open here keep their preemption handlers; put pytest's back."""
-    import signal
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
 
 
 def make(seed: int = 0, hidden: int = 8):  # noqa: ANN201

@@ -14,19 +14,9 @@ from cairn.state import Checkpointer
 from cairn.state.capture import StateMismatch
 from cairn.state.checkpointer import load_state
 from cairn.store import Store
+from tests.support.signals import restore_signal_handlers  # noqa: F401 - autouse
 
 KEY = "dag/train/items/0"
-
-
-@pytest.fixture(autouse=True)
-def restore_signal_handlers():  # noqa: ANN201
-    """Checkpointers here keep their preemption handlers; put pytest's back."""
-    import signal
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
 
 
 class Ema:

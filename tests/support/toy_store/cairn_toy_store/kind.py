@@ -21,10 +21,6 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
-def _validate(url: str) -> None:
-    bucket_and_prefix(url)
-
-
 KIND = StoreKind(
     scheme="toy",
     title="the toy store",
@@ -32,7 +28,7 @@ KIND = StoreKind(
     remote=True,
     opener="cairn_toy_store.backend:open_url",
     install_hint="pip install ./tests/support/toy_store",
-    validate=_validate,
+    validate=bucket_and_prefix,
     environment=(
         Setting(name=ROOT_ENV),
         Setting(name=TOKEN_ENV, is_file=True, fix="mount the toy token from a Secret volume"),
