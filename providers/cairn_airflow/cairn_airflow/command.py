@@ -62,7 +62,7 @@ from cairn_airflow.hooks import (
 )
 from cairn_airflow.operators import XCOM_KEY
 from cairn_airflow.task_keys import task_key
-from cairn_airflow.resume import begin_try, raise_verdict, resume_policy
+from cairn_airflow.resume import begin_try, raise_verdict, resume_policy, with_resume_params
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
 log = logging.getLogger(__name__)
@@ -125,12 +125,7 @@ class CairnRunOperator(SuspendDeferral, SerializesCairnConnection, BaseOperator)
     :param cairn_conn_id: the ``cairn`` connection naming the store.
     :param store_url: the store, overriding the connection.
     :param workdir: ``cairn run --workdir`` (local staging for dumps).
-    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
-        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
-    :param resume_after: a suspended step resumes by itself this long after the suspend
-        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
-    :param resume_poll: how often the deferred task's trigger looks for a resume request
-        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
+    (The resume options: :data:`cairn_airflow.resume.RESUME_PARAMS_DOC`.)
     """
 
     template_fields: Sequence[str] = ("command", "env", "cwd", "every", "grace")
@@ -249,3 +244,6 @@ class CairnRunOperator(SuspendDeferral, SerializesCairnConnection, BaseOperator)
         except Exception as e:  # noqa: BLE001
             log.warning("cairn: could not push the %r XCom: %s", XCOM_KEY, e)
         return meta
+
+
+CairnRunOperator.__doc__ = with_resume_params(CairnRunOperator.__doc__)

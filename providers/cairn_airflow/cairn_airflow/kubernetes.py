@@ -86,7 +86,13 @@ from cairn_airflow.pod_status import (
     record_pod_outcome,
 )
 from cairn_airflow.task_keys import task_key
-from cairn_airflow.resume import begin_try, raise_verdict, refuse_if_given_up, resume_policy
+from cairn_airflow.resume import (
+    begin_try,
+    raise_verdict,
+    refuse_if_given_up,
+    resume_policy,
+    with_resume_params,
+)
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 
 log = logging.getLogger(__name__)
@@ -227,12 +233,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
     :param store_url: the store, overriding the connection.
     :param transform_options: more keyword arguments for ``with_snapshot_sidecar``
         (``on_gce``, ``watch_node_label``, ``grace_margin_s``, ``metrics_port``, ...).
-    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
-        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
-    :param resume_after: a suspended step resumes by itself this long after the suspend
-        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
-    :param resume_poll: how often the deferred task's trigger looks for a resume request
-        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
+    (The resume options: :data:`cairn_airflow.resume.RESUME_PARAMS_DOC`.)
     """
 
     template_fields: Sequence[str] = (*KubernetesPodOperator.template_fields, "every")
@@ -552,3 +553,6 @@ def _state_get(context: Any, key: str) -> Any:
     if store is None:
         return None
     return store.get(key)
+
+
+CairnKubernetesPodOperator.__doc__ = with_resume_params(CairnKubernetesPodOperator.__doc__)

@@ -52,7 +52,13 @@ from cairn_airflow.hooks import (
     operator_store_config,
     scoped_environ,
 )
-from cairn_airflow.resume import begin_try, is_control_flow, raise_verdict, resume_policy
+from cairn_airflow.resume import (
+    begin_try,
+    is_control_flow,
+    raise_verdict,
+    resume_policy,
+    with_resume_params,
+)
 from cairn_airflow.suspend import SuspendDeferral, optional_seconds
 from cairn_airflow.task_keys import task_key
 
@@ -149,12 +155,7 @@ class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOper
     :param store_url: the store, overriding the connection.
     :param checkpointer_options: more keyword arguments for ``Checkpointer`` (``preemption=``,
         ``persist=``, ``when_busy=``, ...).
-    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
-        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
-    :param resume_after: a suspended step resumes by itself this long after the suspend
-        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
-    :param resume_poll: how often the deferred task's trigger looks for a resume request
-        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
+    (The resume options: :data:`cairn_airflow.resume.RESUME_PARAMS_DOC`.)
     """
 
     ui_color = "#d8c8a8"
@@ -284,3 +285,6 @@ def snapshot_metadata(ckpt: Any, url: str, key: Any, *, done: bool) -> dict[str,
                     resumed_from=restored.seq if restored is not None else None,
                     resumed_step=restored.step if restored is not None else None)
     return meta
+
+
+CairnPythonOperator.__doc__ = with_resume_params(CairnPythonOperator.__doc__)

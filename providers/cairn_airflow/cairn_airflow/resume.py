@@ -49,6 +49,23 @@ DEFAULT_RESCHEDULE_DELAY = timedelta(seconds=30)
 MIN_RESCHEDULE_DELAY = timedelta(seconds=15)
 
 
+#: The resume options every cairn operator takes, as their docstrings give them.
+RESUME_PARAMS_DOC = """
+    :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
+        like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
+    :param resume_after: a suspended step resumes by itself this long after the suspend
+        request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
+    :param resume_poll: how often the deferred task's trigger looks for a resume request
+        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
+"""
+
+
+def with_resume_params(doc: str | None) -> str:
+    """An operator's docstring with :data:`RESUME_PARAMS_DOC` in place of its pointer."""
+    pointer = "    (The resume options: :data:`cairn_airflow.resume.RESUME_PARAMS_DOC`.)\n"
+    return (doc or "").replace(pointer, RESUME_PARAMS_DOC.lstrip("\n"))
+
+
 def resume_policy(*, resume_on: ResumeOn | str = "any_failure",
                   max_error_retries: int | None = None, loop_guard: bool = True,
                   max_preemptions: int = 0) -> ResumePolicy:
