@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cairn.exceptions import ConfigError
+from cairn.runtime.env import SUSPEND_POLL
 
 if TYPE_CHECKING:  # cairn.policy is imported when used: plugins load this module everywhere
     from cairn import AfterTry, ResumeOn, ResumePolicy, Try
@@ -50,13 +51,13 @@ MIN_RESCHEDULE_DELAY = timedelta(seconds=15)
 
 
 #: The resume options every cairn operator takes, as their docstrings give them.
-RESUME_PARAMS_DOC = """
+RESUME_PARAMS_DOC = f"""
     :param resume_on: ``"any_failure"`` or ``"preemption"`` (see :mod:`cairn_airflow.resume`,
         like ``max_error_retries``, ``loop_guard`` and ``max_preemptions``).
     :param resume_after: a suspended step resumes by itself this long after the suspend
         request (a timedelta, seconds or ``"2h"``; default: only on a resume request).
     :param resume_poll: how often the deferred task's trigger looks for a resume request
-        (default ``$CAIRN_SUSPEND_POLL`` on the worker, 5 s).
+        (default ``${SUSPEND_POLL}`` on the worker, 5 s).
 """
 
 
