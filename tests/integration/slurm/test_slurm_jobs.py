@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cairn.store import Key
 from cairn import open_store
+from cairn.exceptions import NotFound
+from cairn.store import Key
 from cairn.store.outcomes import OutcomeKind
 from tests.support.cairn_run import can_run_criu
 from tests.support.slurm_cluster import SlurmCluster
@@ -76,9 +77,11 @@ class Job:
         deadline = time.monotonic() + timeout
         while True:
             snaps = []
-            if self.store.exists():
+            try:
                 with open_store(str(self.store), create=False) as store:
                     snaps = store.snapshots(self.key) if store.history(self.key) else []
+            except NotFound:  # not there yet, or its directory made but not its config yet
+                pass
             if snaps:
                 return snaps[-1].seq
             if time.monotonic() > deadline:
