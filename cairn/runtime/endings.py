@@ -3,7 +3,7 @@
 The outcome record (:class:`cairn.store.outcomes.Outcome`) is what the next try's resume plan
 and the placement policy read, and what the UI shows. Which outcome a try's end comes to is
 :func:`cairn.runtime.session.conclude`'s to say, for every mode: :func:`record_try` (a
-state-mode try's exception), :func:`record_exit` (``cairn run``'s exit code) and
+state-mode try's exception), :func:`record_exit` (``cairn run``'s conclusion) and
 :func:`record_observed` (a pod that ended without its supervisor reporting it) only write it.
 
 Recording is best effort (:func:`record_best_effort`): an outcome is advice, and failing to
@@ -20,7 +20,7 @@ from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.runtime import env, slurm
-from cairn.runtime.session import conclude, end_of_error, end_of_exit
+from cairn.runtime.session import Conclusion, conclude, end_of_error
 from cairn.store.outcomes import Outcome, OutcomeKind, Progress, TrySummary, summarize_log
 
 log = logging.getLogger(__name__)
@@ -141,22 +141,23 @@ def record_try(ckpt: Any, url: str, key: Any, *, started_at: float,
         log.warning("cairn: could not record this try's outcome: %s", e)
 
 
-def record_exit(store: Any, key: Any, *, epoch: int, code: int | None, started_at: float,
-                maintenance: bool = False, snapshot_seq: int | None = None,
+def record_exit(store: Any, key: Any, *, epoch: int, conclusion: Conclusion, started_at: float,
+                snapshot_seq: int | None = None,
                 snapshot_cost_s: float | None = None, frozen_s: float | None = None,
                 gpu_stall_s: float | None = None, stall_s: float | None = None,
                 bytes_written: int | None = None,
                 detail: dict[str, Any] | None = None) -> bool:
-    """Leave the outcome record of a process-mode try that exited with ``code`` (a
-    preemption announced as ``maintenance`` was an eviction); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
+    """Leave the outcome record of a process-mode try that ended as ``conclusion`` says (its
+    try session's :meth:`~cairn.runtime.try_session.TrySession.end`); best effort. ``frozen_s`` / ``gpu_stall_s``: the try's
     total CRIU frozen time and GPU stall; ``stall_s`` / ``bytes_written``: its dumps' total
     wall time and new bytes, for its summary."""
     outcome = Outcome(
-        epoch=epoch, outcome=conclude(end_of_exit(code, maintenance=maintenance)).outcome,
+        epoch=epoch, outcome=conclusion.outcome,
         started_at=started_at, ended_at=max(time.time(), started_at),
         progress=Progress(snapshot_seq=snapshot_seq), snapshot_cost_s=snapshot_cost_s,
         frozen_s=frozen_s, gpu_stall_s=gpu_stall_s,
-        detail={"mode": "process", "exit_code": code, **(detail or {})},
+        detail={"mode": "process", "exit_code": None if conclusion.exit_code is None
+                else int(conclusion.exit_code), **(detail or {})},
         summary=try_summary(store, key, epoch, last_seq=snapshot_seq,
                             bytes_written=bytes_written, stall_s=stall_s))
     return record_best_effort(store, key, outcome)

@@ -73,7 +73,7 @@ def _supervisor(store: Store, tmp_path: Path) -> tuple[Supervisor, Spool]:
     settings = RunSettings(store=store.url, key=str(KEY), argv=("true",),
                            spool_dir=str(tmp_path / "spool"))
     supervisor = Supervisor(settings)
-    supervisor._store = store
+    supervisor.ctx.store = store
     return supervisor, Spool(settings.spool_dir)  # type: ignore[arg-type]
 
 
@@ -339,8 +339,8 @@ def test_the_supervisor_marks_done_past_the_uploaders_commits(tmp_path: Path,
     flight even takes the seq after it caught up. Its done lands last, and drops everything."""
     with open_store(str(tmp_path / "store")) as store:
         supervisor, spool = _supervisor(store, tmp_path)
-        supervisor._attempt = attempt = store.open_attempt(KEY)
-        supervisor._spool = spool  # type: ignore[assignment]
+        supervisor.ctx.attempt = attempt = store.open_attempt(KEY)
+        supervisor.dumper.spool = spool  # type: ignore[assignment]
         committed = spool_mod.upload(store, spool, _spooled(spool, store.url, attempt,
                                                             tmp_path / "out.log"))
         in_flight = _spooled(spool, store.url, attempt, tmp_path / "out.log")
@@ -365,15 +365,16 @@ def test_the_supervisor_marks_done_past_the_uploaders_commits(tmp_path: Path,
 def test_fenced_means_the_supervisor_stops(tmp_path: Path) -> None:
     with open_store(str(tmp_path / "store")) as store:
         supervisor, spool = _supervisor(store, tmp_path)
-        supervisor._attempt = store.open_attempt(KEY)
-        client = supervisor._spool = SpoolClient(spool, account=supervisor._account_upload)
-        client.epoch = supervisor._attempt.epoch
+        supervisor.ctx.attempt = store.open_attempt(KEY)
+        client = supervisor.dumper.spool = SpoolClient(spool,
+                                                       account=supervisor.dumper.account_upload)
+        client.epoch = supervisor.ctx.attempt.epoch
         store.open_attempt(KEY)
         with pytest.raises(Fenced):
             supervisor._finish_attempt()
-        ticket = _spooled(spool, store.url, supervisor._attempt, tmp_path / "out.log")
+        ticket = _spooled(spool, store.url, supervisor.ctx.attempt, tmp_path / "out.log")
         spool.write_result(spool_mod.upload(store, spool, ticket))
-        supervisor._poll_spool()
+        supervisor.dumper.poll_spool()
         assert client.fenced is not None
         assert client.fenced.entry == ticket.entry
         shutil.rmtree(spool.path)
@@ -399,12 +400,12 @@ def test_a_starting_run_lets_the_uploader_finish_an_earlier_runs_entries(
         uploader.start()
         try:
             with caplog.at_level("WARNING", logger="cairn.run"):
-                supervisor._spool = SpoolClient.prepare(spool_dir, wait_s=30,
-                                                        account=supervisor._account_upload)
+                supervisor.dumper.spool = SpoolClient.prepare(
+                    spool_dir, wait_s=30, account=supervisor.dumper.account_upload)
         finally:
             uploader.stop()
         assert "waiting up to 30s for the sidecar to upload 1 snapshot(s)" in caplog.text
-        assert supervisor._spool is not None and spool.entries() == []
+        assert supervisor.dumper.spool is not None and spool.entries() == []
         (info,) = store.snapshots(KEY)
         assert info.epoch == earlier.epoch
         assert snap_mod.process_info(info.manifest)["spool_entry"] == ticket.entry
@@ -414,7 +415,7 @@ def test_a_final_dump_that_would_not_fit_withdraws_pending_entries(tmp_path: Pat
     with open_store(str(tmp_path / "store")) as store:
         supervisor, spool = _supervisor(store, tmp_path)
         attempt = store.open_attempt(KEY)
-        client = SpoolClient(spool, account=supervisor._account_upload)
+        client = SpoolClient(spool, account=supervisor.dumper.account_upload)
         client.epoch = attempt.epoch
         pending = _spooled(spool, store.url, attempt, tmp_path / "out.log").entry
         client.make_room(1 << 20)  # this disk has room for another MiB: kept
