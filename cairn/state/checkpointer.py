@@ -44,22 +44,11 @@ at once, opening nothing, while the key is held suspended (no ``cairn resume`` y
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import json
 import logging
-import math
-import os
 import signal
-import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-import torch
 
 from cairn.exceptions import (
     CairnError,
@@ -72,23 +61,17 @@ from cairn.exceptions import (
     StoreError,
     Suspended,
 )
-from cairn.runtime import channel, endings, env, exits, session, slurm
+from cairn.runtime import endings, env, exits, session, slurm
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
+from cairn.runtime.try_session import CauseWatch, Cost, FinalVerdict, Saved, TrySession
 from cairn.state import capture
-from cairn.state.codec import (
-    STATE_FILE,
-    STATE_SCHEMA,
-    ArrayHeader,
-    cpu_bytes,
-    flatten,
-    header_of,
-    tensor_path,
-    unflatten,
-)
+from cairn.state.codec import flatten, header_of
 from cairn.state.distributed import Group
-from cairn.state.writer_process import WriterProcess
-from cairn.state.staging import StagingBuffer, plan
+from cairn.state.options import PersistMode, SnapshotPolicy, WhenBusy
+from cairn.state.persister import Persister
+from cairn.state.staging import plan
+from cairn.state.state_io import load_state, save_state, staged_size
 from cairn.state.status import StatusReporter
 from cairn.state.triggers import (
     PreemptionNotice,
@@ -96,150 +79,14 @@ from cairn.state.triggers import (
     signal_names,
 )
 from cairn.runtime.stores import open_store
-from cairn.store import Key, Manifest, SnapshotInfo, SnapshotMode, Store
-from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
+from cairn.store import Key, Manifest, SnapshotInfo, Store
 from cairn.store.slotlog import RecordKind
 from cairn.store.verdicts import reading, restore_failed_exit
 
+__all__ = ["Checkpointer", "PersistMode", "SnapshotPolicy", "WhenBusy", "load_state",
+           "save_state"]
+
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class SnapshotPolicy:
-    """When :meth:`Checkpointer.step` snapshots: every ``every_steps`` steps and/or every
-    ``every_seconds`` seconds, whichever comes first. With ``adaptive``, the time interval is
-    Young–Daly's ``sqrt(2 × snapshot cost × MTBF)`` from the measured snapshot cost and the
-    key's observed preemption rate (its attempts over time), clamped to
-    ``[min_seconds, max_seconds]``; ``every_seconds`` is used until both are known."""
-
-    every_steps: int | None = None
-    every_seconds: float | None = 600.0
-    adaptive: bool = False
-    min_seconds: float = 60.0
-    max_seconds: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ConfigError("every_steps must be at least 1")
-        if self.every_seconds is not None and self.every_seconds <= 0:
-            raise ConfigError("every_seconds must be positive")
-        if self.every_steps is None and self.every_seconds is None and not self.adaptive:
-            raise ConfigError("give every_steps, every_seconds or adaptive=True; otherwise "
-                              "nothing is saved")
-        if not 0 < self.min_seconds <= self.max_seconds:
-            raise ConfigError("need 0 < min_seconds <= max_seconds")
-
-
-class PersistMode(str, enum.Enum):
-    """Where a snapshot is persisted."""
-
-    PROCESS = "process"  # staged in shared memory, persisted by a writer process
-    SIDECAR = "process"  # the old name (an alias): "sidecar" now means the pod's container
-    INLINE = "inline"  # persisted on the training thread before step() returns
-
-    @classmethod
-    def _missing_(cls, value: object) -> PersistMode | None:
-        # persist="sidecar", the value before 0.1: the writer process.
-        return cls.PROCESS if value == "sidecar" else None
-
-
-class WhenBusy(str, enum.Enum):
-    """What a snapshot does while the previous one is still being persisted."""
-
-    WAIT = "wait"
-    SKIP = "skip"
-
-
-def save_state(store_attempt: Any, tree: dict[str, Any], *, step: int) -> Manifest:
-    """Write ``tree`` as one state snapshot of ``store_attempt``; durable when it returns."""
-    structure, arrays = flatten(tree)
-    headers = [header_of(a).to_json() for a in arrays]
-    with store_attempt.snapshot(mode=SnapshotMode.STATE) as snap:
-        for index, array in enumerate(arrays):
-            snap.add_bytes(tensor_path(index), cpu_bytes(array))
-        doc = {"schema": STATE_SCHEMA, "step": step, "structure": structure, "arrays": headers}
-        snap.add_bytes(STATE_FILE, json.dumps(doc, separators=(",", ":")).encode())
-        return snap.commit(step=step)
-
-
-def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[str, Any]:
-    """Read and verify a whole state snapshot (``prefix``: one rank's part, ``rank-<r>/``)
-    into CPU memory. Raises CorruptSnapshot when it does not verify or parse; a failure of the
-    reading itself propagates as it is (see :mod:`cairn.store.verdicts`)."""
-    if manifest.mode is not SnapshotMode.STATE:
-        raise CorruptSnapshot(f"seq {manifest.seq} is a {manifest.mode.value} snapshot, not "
-                              "framework state", seq=manifest.seq)
-    reader = store.reader(manifest)
-    if not any(entry.path == prefix + STATE_FILE for entry in manifest.files):
-        raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is missing",
-                              seq=manifest.seq)
-    # Read outside the parsing's except: a library error while reading is no verdict on the
-    # snapshot (cairn.store.verdicts), only what cairn's own parsing refuses is.
-    raw = reader.read_file(prefix + STATE_FILE)
-    try:
-        doc = json.loads(raw)
-        if doc.get("schema") != STATE_SCHEMA:
-            raise CorruptSnapshot(f"state schema {doc.get('schema')!r} is unknown; upgrade cairn",
-                                  seq=manifest.seq)
-        headers = [ArrayHeader.from_json(h) for h in doc["arrays"]]
-        structure = doc["structure"]
-    except (KeyError, ValueError, TypeError) as e:
-        raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is unreadable: {e}",
-                              seq=manifest.seq) from None
-    # Every array is read straight into fresh, uninitialised memory of its own (never the
-    # live objects: those are touched only once the whole snapshot verified and fits).
-    arrays = []
-    targets: list[tuple[str, memoryview]] = []
-    entries = {entry.path: entry for entry in manifest.files}
-    for index, header in enumerate(headers):
-        try:
-            entry = entries[prefix + tensor_path(index)]
-        except KeyError:
-            raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{tensor_path(index)} is missing",
-                                  seq=manifest.seq) from None
-        if entry.size != header.nbytes:
-            raise CorruptSnapshot(f"seq {manifest.seq}: {entry.path} holds {entry.size} bytes, "
-                                  f"its header says {header.nbytes}", seq=manifest.seq)
-        array = _empty_array(header, seq=manifest.seq)
-        arrays.append(array)
-        if header.nbytes:
-            targets.append((entry.path, _byte_view(array)))
-    reader.read_files_into(targets)
-    tree = unflatten(structure, arrays)
-    if not isinstance(tree, dict) or "step" not in tree:
-        raise CorruptSnapshot(f"seq {manifest.seq}: state has no step", seq=manifest.seq)
-    return tree
-
-
-def _empty_array(header: ArrayHeader, *, seq: int) -> Any:
-    """A fresh, uninitialised CPU tensor or ndarray as ``header`` describes it, allocated only
-    after its byte count was checked against its shape and dtype."""
-    dtype = np.dtype(header.dtype) if header.kind == "numpy" else getattr(torch, header.dtype)
-    if math.prod(header.shape) * dtype.itemsize != header.nbytes:
-        raise CorruptSnapshot(f"seq {seq}: header {header} is inconsistent: shape and dtype do "
-                              f"not make {header.nbytes} bytes", seq=seq)
-    memory = None
-    if header.nbytes >= DIRECT_IO_MIN:
-        # Page-aligned, so that a local store reads it with O_DIRECT; the array owns the mapping.
-        try:
-            memory = aligned_buffer(header.nbytes)
-        except OSError:  # out of mappings (vm.max_map_count): read through the page cache
-            memory = None
-    if memory is None:
-        if header.kind == "numpy":
-            return np.empty(header.shape, dtype=dtype)
-        return torch.empty(header.shape, dtype=dtype)
-    if header.kind == "numpy":
-        return np.frombuffer(memory, dtype=dtype, count=math.prod(header.shape)).reshape(header.shape)
-    raw = torch.frombuffer(memory, dtype=torch.uint8, count=header.nbytes)
-    return raw.view(dtype).reshape(header.shape)
-
-
-def _byte_view(array: Any) -> memoryview:
-    """A writable view of a C-contiguous, non-empty array's bytes."""
-    if isinstance(array, np.ndarray):
-        return memoryview(array.reshape(-1).view(np.uint8))
-    return memoryview(array.reshape(-1).view(torch.uint8).numpy())
-
 
 class Checkpointer:
     """Snapshots a training loop's state into a cairn store and resumes from it.
@@ -287,6 +134,7 @@ class Checkpointer:
         self._last_step: int | None = None
         self._preemption = preemption
         self._notice: PreemptionNotice | None = None
+        self.session = TrySession()  # this try's phases, interval, watchers and end
         self.snapshot_cost_s: float | None = None  # moving average of stall + persist time
         self.last_stall_s: float | None = None  # time the last save() kept training waiting
         # This try's totals over its committed snapshots, for its outcome's summary.
@@ -297,17 +145,11 @@ class Checkpointer:
         self.persist_mode = PersistMode(persist)
         self.when_busy = WhenBusy(when_busy)
         self._buffer_count = buffers
-        self._buffers: dict[int, StagingBuffer] = {}
-        self._writer: WriterProcess | None = None
+        self._persister: Persister | None = None  # None: inline
         self._fenced = False
         self._last_error: str | None = None
         self.max_failures = max_failures
         self.failures = 0  # snapshots in a row that the writer did not commit
-        self._warm: threading.Thread | None = None
-        self._warm_stop = threading.Event()
-        self._warming: StagingBuffer | None = None  # the buffer the warm-up is pre-faulting
-        self._copy_pool: ThreadPoolExecutor | None = None
-        self._copy_helpers = 0
         self.committed_seq: int | None = None
         self.outcome_recorded = False  # set once this try's outcome record is written
         self.committed_step: int | None = None
@@ -388,13 +230,18 @@ class Checkpointer:
         else:
             epoch = self._group.broadcast([0])[0]
             self._attempt = self.store.join_attempt(self.key, epoch=epoch)
+        self.session.opened(epoch)
         if self._group.rank == 0:  # the others learn of a request from rank 0 (step())
             self._suspend = suspend_mod.SuspendWatch(self.store, self.key, epoch=epoch,
                                                      interval_s=self.suspend_poll_seconds)
+            self.session.set_watchers(suspend=self._suspend.poll)
         if self._preemption is not None:
-            self._notice = PreemptionNotice(self._preemption)
-            if self._notice.install():
+            notice = self._notice = PreemptionNotice(self._preemption)
+            if notice.install():
                 log.info("watching %s for preemption", signal_names(self._preemption.signals))
+            self.session.set_watchers(notice=lambda: notice.pending)
+            if self._group.rank == 0:  # rank 0 asks for every rank: one Job is suspended whole
+                self.session.cause = CauseWatch.beside(notice.notice_file)
         prefix = f"rank-{self._group.rank}/" if self._group.active else ""
         for info in self._candidates():
             self._check_world_size(info.manifest)
@@ -429,10 +276,12 @@ class Checkpointer:
             self._start_status()
             if self._status is not None:
                 self._status.resumed(seq=info.seq, step=self._last_step)
-            self._start_writer(_staged_size(info.manifest, prefix))
+            self._start_writer(staged_size(info.manifest, prefix))
+            self.session.started(restored_from=info.seq)
             return self._last_step + 1
         self._start_writer(None)
         self._start_status()
+        self.session.started(restored_from=None)
         return 0
 
     def _candidates(self) -> Iterator[SnapshotInfo]:
@@ -480,20 +329,13 @@ class Checkpointer:
                 f"start fresh by removing the key (cairn rm STORE {self.key})")
 
     def _start_writer(self, staged_size: int | None) -> None:
-        """Create the writer's handle and start preparing for the first snapshot, whose
-        staging size is ``staged_size`` (None: measure the live state)."""
+        """Start the writer process and prepare for the first snapshot, whose staging size is
+        ``staged_size`` (None: measure the live state)."""
         if self.persist_mode is not PersistMode.PROCESS:
             return
-        parent = self._attempt.parent
-        self._writer = WriterProcess(
-            store_url=self.store.url, key=self.key.components, epoch=self._attempt.epoch,
-            last_seq=self._attempt.log.last_seq, parent_seq=parent.seq if parent else None,
-            settings=dataclasses.asdict(self.store.settings), secret=self.store.secret)
+        self._persister = Persister(key=self.key, buffers=self._buffer_count)
         staged = staged_size if staged_size is not None else self._expected_size()
-        self._writer.spawn()  # here, not on the warm-up thread: see WriterProcess.spawn
-        self._warm = threading.Thread(target=self._warm_up, args=(staged,),
-                                      name="cairn-warm-up", daemon=True)
-        self._warm.start()
+        self._persister.start(store=self.store, attempt=self._attempt, staged=staged)
 
     def _expected_size(self) -> int | None:
         """The staging bytes the next snapshot needs, from the live state; None while an
@@ -508,56 +350,17 @@ class Checkpointer:
         except CairnError:
             return None  # the first snapshot reports it
 
-    def _warm_up(self, staged: int | None) -> None:
-        """On a background thread after restore: allocate and pre-fault the first staging
-        buffer (its ``staged`` bytes; the headroom faults in only if the state grows) while
-        the writer process boots, then wait until the writer is ready. The first snapshot
-        would otherwise pay both in its stall (0.5-2 s per GB of faults on a VM). One thread:
-        a second would take a core from training. Stops early when close() asks."""
-        assert self._writer is not None
-        try:
-            if staged is not None and not self._warm_stop.is_set():
-                buffer = StagingBuffer(_with_headroom(staged), prefault=False)
-                self._warming = buffer
-                try:
-                    done = buffer.prefault(stop=self._warm_stop, nbytes=staged)
-                except BaseException:
-                    buffer.close()
-                    raise
-                finally:
-                    self._warming = None
-                if not done:
-                    buffer.close()
-                    return
-                self._buffers[0] = buffer
-                self._writer.register_buffer(0, buffer.fd, buffer.capacity)
-            self._writer.start()
-        except (CairnError, OSError) as e:
-            if not self._warm_stop.is_set():
-                log.warning("key %s: could not prepare for the first snapshot ahead of time "
-                            "(%s); it will try again", self.key, e)
-
-    def _join_warm_up(self) -> None:
-        """Wait for the warm-up; a snapshot that comes before it ended helps pre-fault the
-        buffer it is about to use (one thread faults while training runs, two now)."""
-        if self._warm is not None:
-            warming = self._warming
-            if warming is not None and not self._warm_stop.is_set():
-                warming.help_prefault()
-            self._warm.join()
-            self._warm = None
-
     def step(self, step: int) -> bool:
         """Call after ``step``'s optimizer update. Snapshots when the policy says so; returns
         whether it did. Raises :class:`~cairn.exceptions.Fenced` if a newer attempt exists."""
         self._require_restored()
         self._collect(raise_failures=True)
-        notice = self._notice is not None and self._notice.pending
+        triggers = self.session.triggers()
+        notice, asked = triggers.notice, triggers.suspend
         policy = self.policy
         interval = self.interval_seconds()
         due = (policy.every_steps is not None and (step + 1) % policy.every_steps == 0) or (
-            interval is not None and time.monotonic() - self._last_time >= interval)
-        asked = self._suspend is not None and self._suspend.poll() is not None
+            interval is not None and self.session.due(every_s=interval))
         if self._group.active:  # every rank snapshots together, or none does
             due, notice, asked = (bool(v) for v in self._group.all_max([due, notice, asked]))
         if notice:
@@ -580,69 +383,64 @@ class Checkpointer:
         return policy.every_seconds
 
     def _final_snapshot(self, step: int) -> None:
-        """A notice arrived: snapshot if the measured cost fits what is left, then hand the
-        signal on (to the handler installed before ours; where that was the default action,
-        by raising :class:`~cairn.exceptions.PreemptedExit`: exit 75/76); or,
-        when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR 0028), record
-        the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended` instead."""
+        """A notice arrived: snapshot if the measured cost fits what is left (the session
+        decides), then hand the signal on (to the handler installed before ours; where that
+        was the default action, by raising :class:`~cairn.exceptions.PreemptedExit`: exit
+        75/76); or, when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR
+        0028), record the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended`
+        instead."""
         assert self._notice is not None
         remaining = self._notice.remaining()
         name = self._notice.describe()
         if self._status is not None:
             self._status.notice(self._notice.source())
-        asked_at = self._ask_cause()
+        if self._notice.signum is not None:
+            self.session.cause.ask(signal_name=signal.Signals(self._notice.signum).name)
         seq = None
-        if self.snapshot_cost_s is not None and self.snapshot_cost_s > remaining:
-            log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",
-                        name, self.snapshot_cost_s, remaining)
+        try:
+            final = self.session.final_snapshot(_StateSnapshotter(self, step),
+                                                remaining_s=remaining,
+                                                timeout_s=max(remaining, 0.0))
+        except CairnError as e:
+            log.error("%s: final snapshot failed: %s", name, e)
         else:
-            try:
-                manifest = self.save(step, wait=True, timeout=max(remaining, 0.0))
-                seq = manifest.seq if manifest is not None else None
-                if seq is not None:
-                    log.warning("%s: final snapshot seq %d at step %d", name, seq, step)
-            except CairnError as e:
-                log.error("%s: final snapshot failed: %s", name, e)
-        evicted = self._evicted(asked_at, seq=seq, what=f"step {step}")
+            if final.verdict is FinalVerdict.OVER_BUDGET:
+                assert final.cost is not None
+                log.warning("%s: no final snapshot: it takes about %.1fs and %.1fs are left",
+                            name, final.cost.seconds, remaining)
+            elif final.saved is not None:
+                seq = final.saved.seq
+                log.warning("%s: final snapshot seq %d at step %d", name, seq, step)
+        evicted = self._evicted(seq=seq, what=f"step {step}")
         if evicted is not None:
             self._notice.uninstall()  # the signal is answered: no redelivery once the budget ends
             raise evicted
         message = f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
                                           if seq is not None else "no final snapshot")
         if self._notice.hand_on():  # no handler before ours: exit 75/76, as cairn run does
-            raise PreemptedExit(message, seq=seq, code=int(exits.preempted_code(seq)))
+            error = PreemptedExit(message, seq=seq, code=int(exits.preempted_code(seq)))
+            self.session.end(session.end_of_error(error))
+            raise error
+        self.session.carry_on()  # the script's own handler decides whether training goes on
         raise Preempted(message, seq=seq)
 
-    def _ask_cause(self) -> float | None:
-        """On a signal, in a pod whose sidecar can tell (``cause.json`` beside the notice file),
-        ask it why the pod is stopping, before the final snapshot so that the answer is there
-        after it. Rank 0 asks for every rank (one Job is suspended as a whole)."""
-        notice = self._notice
-        if notice is None or notice.signum is None or not notice.notice_file \
-                or self._group.rank != 0:
-            return None
-        return channel.ask_cause(os.path.dirname(os.path.abspath(notice.notice_file)),
-                                 signal_name=signal.Signals(notice.signum).name)
-
-    def _evicted(self, asked_at: float | None, *, seq: int | None,
-                 what: str) -> Suspended | None:
+    def _evicted(self, *, seq: int | None, what: str) -> Suspended | None:
         """After the final snapshot: the :class:`Suspended` to raise when the sidecar answered
-        that the Job is suspended (:func:`cairn.runtime.session.after_cause`; its outcome
-        recorded by rank 0), else None (a preemption; the answer's reason logged). Every rank
-        learns rank 0's answer."""
-        cause = None
-        if asked_at is not None:
-            assert self._notice is not None and self._notice.notice_file
-            cause = channel.await_cause(
-                os.path.dirname(os.path.abspath(self._notice.notice_file)), asked_at,
-                timeout_s=channel.cause_wait_s(self._notice.remaining()))
+        that the Job is suspended (the session's
+        :meth:`~cairn.runtime.try_session.TrySession.after_cause`; its outcome recorded by
+        rank 0), else None (a preemption; the answer's reason logged). Every rank learns rank
+        0's answer."""
+        assert self._notice is not None
+        preempted = session.TryEnd(ending=session.Ending.PREEMPTED, saved=seq is not None)
+        end = self.session.after_cause(preempted, budget_left_s=self._notice.remaining())
+        cause = self.session.cause.cause
+        if self.session.cause.asked_at is not None:
             if cause is None:
                 log.warning("key %s: the sidecar did not say why the pod is stopping; a "
                             "preemption", self.key)
             elif not cause.suspended:
                 log.warning("key %s: %s; a preemption", self.key, cause.reason)
-        preempted = session.TryEnd(ending=session.Ending.PREEMPTED, saved=seq is not None)
-        suspended = session.after_cause(preempted, cause).ending is session.Ending.SUSPENDED
+        suspended = end.ending is session.Ending.SUSPENDED
         if self._group.active:
             suspended = bool(self._group.broadcast([int(suspended)])[0])
         if not suspended:
@@ -656,6 +454,7 @@ class Checkpointer:
                                error=error, detail={"cause": {"suspended": True,
                                                               "reason": cause.reason}})
             self.outcome_recorded = True
+        self.session.end(session.end_of_error(error))
         return error
 
     def _suspended(self, step: int) -> bool:
@@ -665,23 +464,26 @@ class Checkpointer:
         failed) training goes on and the next step tries again; returns False then."""
         request = self._suspend.request if self._suspend is not None else None
         try:
-            manifest = self.save(step, wait=True)
+            final = self.session.final_snapshot(_StateSnapshotter(self, step), remaining_s=None)
         except Fenced:
             raise
         except CairnError as e:
             log.error("key %s: suspend requested %s, but the final snapshot failed (%s); "
                       "training goes on and the next step tries again", self.key,
                       suspend_mod.describe(request), e)
+            self.session.carry_on()
             return False
-        if manifest is None:
+        if final.saved is None:
+            self.session.carry_on()
             return False
-        error = suspend_mod.honoured(request, seq=manifest.seq, what=f"step {step}")
+        error = suspend_mod.honoured(request, seq=final.saved.seq, what=f"step {step}")
         log.warning("key %s: %s (%.2fs after the request)", self.key, error,
                     suspend_mod.latency_s(request))
         if self._group.rank == 0:
             endings.record_try(self, self.store.url, self.key, started_at=self._started_at,
                                error=error, detail={"suspend": suspend_mod.detail(request)})
             self.outcome_recorded = True
+        self.session.end(session.end_of_error(error))
         raise error
 
     def save(self, step: int, *, wait: bool = False,
@@ -701,6 +503,7 @@ class Checkpointer:
         if self.persist_mode is PersistMode.INLINE:
             manifest = save_state(self._attempt, tree, step=step)
             self._last_time = time.monotonic()
+            self.session.snapshot_taken()
             self.last_stall_s = self._last_time - started
             self._record_cost(self.last_stall_s)
             self.last_snapshot = manifest
@@ -712,83 +515,28 @@ class Checkpointer:
                 self._status.committed(seq=manifest.seq, stall_s=self.last_stall_s,
                                        bytes_written=int(manifest.metadata.get("bytes_written", 0)))
             return manifest
-        staged = self._stage(tree, step)
+        assert self._persister is not None
+        staged = self._persister.stage(tree, step, group=self._group,
+                                       skip_when_busy=self.when_busy is WhenBusy.SKIP,
+                                       collect=self._collect)
+        if not staged:
+            self.skipped += 1
         self._last_time = time.monotonic()
+        self.session.snapshot_taken()
         if not staged:
             return None
         self.last_stall_s = self._last_time - started
         self._last_step = step
         if not wait:
             return None
-        assert self._writer is not None
-        if not self._writer.wait_idle(timeout):
+        assert self._persister is not None
+        if not self._persister.wait_idle(timeout):
             return None
         self._collect()
         if self.committed_step != step or self.committed_seq is None:
             raise StoreError(f"snapshot of step {step} failed: {self._last_error}")
         self.last_snapshot = self.store.manifest(self.key, self.committed_seq)
         return self.last_snapshot
-
-    def _stage(self, tree: dict[str, Any], step: int) -> bool:
-        """Copy the state into a free staging buffer and hand it to the writer process."""
-        assert self._writer is not None
-        self._join_warm_up()
-        structure, arrays = flatten(tree)
-        headers = [header_of(a) for a in arrays]
-        slots, total = plan([h.nbytes for h in headers])
-        ids = list(range(self._buffer_count))
-        part = None
-        if self._group.active:
-            # Ranks must agree on the seq, which rank 0 knows only once the last persist ended.
-            self._writer.wait_idle()
-            self._collect()
-            seq = self._group.broadcast([self._writer.last_seq + 1])[0]
-            part = {"seq": seq, "rank": self._group.rank, "world_size": self._group.world_size}
-        free = next((b for b in ids if not self._writer.is_busy(b)), None)
-        if free is None:
-            if self.when_busy is WhenBusy.SKIP:
-                log.info("step %d: previous snapshot still persisting; skipped", step)
-                self.skipped += 1
-                return False
-            free = self._writer.wait_free(ids)
-            self._collect()
-        assert free is not None
-        buffer = self._buffers.get(free)
-        if buffer is None or buffer.capacity < total:
-            if buffer is not None:
-                buffer.close()
-            buffer = StagingBuffer(_with_headroom(total))
-            self._buffers[free] = buffer
-            self._writer.register_buffer(free, buffer.fd, buffer.capacity)
-        on_cpu, on_device = [], []
-        for slot, array in zip(slots, arrays):
-            if isinstance(array, torch.Tensor) and array.device.type == "cpu":
-                on_cpu.append((slot, array))
-            elif getattr(array, "is_cuda", False):
-                on_device.append((slot, array))
-            else:  # numpy arrays (RNG state: small), tensors on other devices
-                buffer.write(slot, cpu_bytes(array))
-        buffer.copy_cpu_tensors(on_cpu, pool=self._copy_threads(),
-                                workers=torch.get_num_threads())
-        buffer.copy_tensors(on_device)
-        index = {"schema": STATE_SCHEMA, "step": step, "structure": structure,
-                 "arrays": [h.to_json() for h in headers]}
-        self._writer.persist(free, step=step, index=index,
-                             slots=[(slot.offset, slot.nbytes) for slot in slots], part=part)
-        return True
-
-    def _copy_threads(self) -> ThreadPoolExecutor | None:
-        """Helpers for the staging copy: as many threads as torch uses, the caller included
-        (training is stopped meanwhile, so its cores are free)."""
-        wanted = torch.get_num_threads() - 1
-        if self._copy_pool is not None and self._copy_helpers != wanted:
-            self._copy_pool.shutdown()
-            self._copy_pool = None
-        if self._copy_pool is None and wanted > 0:
-            self._copy_pool = ThreadPoolExecutor(max_workers=wanted,
-                                                 thread_name_prefix="cairn-stage")
-            self._copy_helpers = wanted
-        return self._copy_pool
 
     def _record_cost(self, seconds: float) -> None:
         self.snapshot_cost_s = seconds if self.snapshot_cost_s is None else \
@@ -797,9 +545,9 @@ class Checkpointer:
     def _collect(self, *, raise_failures: bool = False) -> None:
         """Take the writer's reports: committed snapshots, failures, fencing. Raises Fenced;
         with ``raise_failures``, StoreError once ``max_failures`` snapshots in a row failed."""
-        if self._writer is None:
+        if self._persister is None:
             return
-        for result in self._writer.take_results():
+        for result in self._persister.take_results():
             if result.seq is not None:
                 self.committed_seq, self.committed_step = result.seq, result.step
                 self._record_cost((self.last_stall_s or 0.0) + result.seconds)
@@ -820,7 +568,7 @@ class Checkpointer:
                           result.error)
             if result.fenced:
                 self._fenced = True
-        if self._fenced or self._writer.fenced:
+        if self._fenced or self._persister.fenced:
             self._fenced = True
             raise Fenced(f"key {self.key}: a newer attempt has taken over; this one must stop")
         if raise_failures and self.failures >= self.max_failures:
@@ -835,24 +583,22 @@ class Checkpointer:
     @property
     def writer_pid(self) -> int | None:
         """The writer process's pid (None in inline mode, or if it could not be started)."""
-        self._join_warm_up()
-        return self._writer.pid if self._writer is not None else None
+        return self._persister.pid if self._persister is not None else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every staged snapshot is committed or failed; False on timeout."""
-        if self._writer is None:
+        if self._persister is None:
             return True
-        self._join_warm_up()
-        done = self._writer.wait_idle(timeout)
+        done = self._persister.wait_idle(timeout)
         self._collect()
         return done
 
     def finish(self) -> None:
         """The whole step succeeded: mark the key done and drop its snapshots."""
         self._require_restored()
-        if self._writer is not None:
+        if self._persister is not None and self._persister.writer is not None:
             self.wait()
-            self._writer.finish(timeout=600)
+            self._persister.writer.finish(timeout=600)
         else:
             self._attempt.finish()
 
@@ -863,26 +609,16 @@ class Checkpointer:
             self._notice.uninstall()
             self._notice = None
         error = None
-        if self._warm is not None:  # closing right after restore: stop preparing
-            self._warm_stop.set()
-            if self._writer is not None:
-                self._writer.cancel_start()
-            self._join_warm_up()
-        if self._copy_pool is not None:
-            self._copy_pool.shutdown()
-            self._copy_pool = None
-        if self._writer is not None:
+        if self._persister is not None:
+            self._persister.stop_warm_up()
             try:
                 self.wait()
             except Fenced as e:
                 error = e
-            self._writer.close()
-            self._writer = None
+            self._persister.close()
+            self._persister = None
             if error is None and self._last_error is not None:
                 error = StoreError(f"the last snapshot was not committed: {self._last_error}")
-        for buffer in self._buffers.values():
-            buffer.close()
-        self._buffers.clear()
         if self._owns_store:
             self.store.close()
         if error is not None:
@@ -899,15 +635,27 @@ class Checkpointer:
         self.close()
 
 
-def _staged_size(manifest: Manifest, prefix: str) -> int:
-    """The staging bytes of the state a snapshot holds (its arrays laid out by :func:`plan`)."""
-    start = prefix + "tensors/"
-    return plan([entry.size for entry in manifest.files if entry.path.startswith(start)])[1]
+class _StateSnapshotter:
+    """The state mode's side of the try session
+    (:class:`cairn.runtime.try_session.Snapshotter`): a snapshot of ``step`` awaited until
+    durable."""
 
+    def __init__(self, checkpointer: Checkpointer, step: int) -> None:
+        self.checkpointer, self.step = checkpointer, step
 
-def _with_headroom(nbytes: int) -> int:
-    """A staging buffer's size for a state of ``nbytes``: room for a state that grows."""
-    return nbytes + nbytes // 8
+    def cost(self) -> Cost | None:
+        seconds = self.checkpointer.snapshot_cost_s
+        return None if seconds is None else Cost(seconds, "it takes about")
+
+    def blocked(self) -> str | None:
+        return None
+
+    def snapshot(self, *, final: bool, timeout_s: float | None) -> Saved | None:
+        manifest = self.checkpointer.save(self.step, wait=True, timeout=timeout_s)
+        return None if manifest is None else Saved(seq=manifest.seq)
+
+    def stopped(self) -> bool:
+        return False  # training stops only when the step raises
 
 
 def _observed_mtbf(store: Store, key: Key) -> float | None:

@@ -84,7 +84,7 @@ def test_out_of_mappings_falls_back_to_ordinary_memory(
     def no_mappings(nbytes: int) -> None:
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    monkeypatch.setattr("cairn.state.checkpointer.aligned_buffer", no_mappings)
+    monkeypatch.setattr("cairn.state.state_io.aligned_buffer", no_mappings)
     model2, opt2 = make(1)
     again = Checkpointer(store=local_store, key=KEY, every_steps=10**6, preemption=None)
     assert again.restore(model=model2, optimizer=opt2) == 1
