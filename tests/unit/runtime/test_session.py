@@ -145,7 +145,7 @@ def test_only_the_session_maps_an_ending_to_a_code_or_an_outcome() -> None:
     ("cairn/runtime/endings.py", {"end_of_error", "conclude"}),  # the state mode's records
     ("cairn/runtime/try_session.py", {"conclude", "after_cause"}),  # the session's end
     ("cairn/process/supervisor.py", {"end_of_exit", "final_snapshot", "after_cause", "end"}),
-    ("cairn/state/checkpointer.py", {"after_cause"}),  # the state mode's Kueue eviction
+    ("cairn/state/checkpointer.py", {"final_snapshot", "after_cause", "end"}),  # state mode
     ("cairn/tries.py", {"end_of_error", "conclude"}),  # the orchestrators' resume verdict
     ("providers/cairn_airflow/cairn_airflow/pod_status.py", {"end_of_pod", "conclude"}),
     ("providers/cairn_airflow/cairn_airflow/kubernetes_decorator.py", {"try_exit_code"}),
