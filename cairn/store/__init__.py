@@ -22,6 +22,7 @@ from cairn.store.outcomes import TrySummary, try_summaries
 from cairn.store.slotlog import Record, RecordKind
 from cairn.store.attempt import Attempt
 from cairn.store.records import Records
+from cairn.store.requests import RequestKind
 from cairn.store.settings import StoreSettings
 from cairn.store.store import (
     RestoreResult,
@@ -42,6 +43,7 @@ __all__ = [
     "Record",
     "RecordKind",
     "Records",
+    "RequestKind",
     "RestoreResult",
     "SnapshotInfo",
     "SnapshotMode",

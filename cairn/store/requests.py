@@ -43,6 +43,10 @@ MAX_TEXT = 500  # reasons and requesters are shown in one line of a listing
 
 
 class RequestKind(str, enum.Enum):
+    """What an operator may ask of a key's try: stop it with a final snapshot (``suspend``),
+    or lift that suspension (``resume``). Its values name the request records and the routes
+    and commands that make them."""
+
     SUSPEND = "suspend"
     RESUME = "resume"
 

@@ -54,6 +54,7 @@ from fastapi import Body, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
 
+from cairn.store import RequestKind
 from cairn_airflow.hooks import DEFAULT_CONN_ID
 from cairn_airflow.plugins.paths import API_PATH, PAGE_PATH, URL_PREFIX
 
@@ -265,13 +266,6 @@ def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: 
             return key, store.remove(key)
     except CairnError as e:
         raise HTTPException(400, f"connection {conn_id!r}: {type(e).__name__}") from None
-
-
-class RequestKind(str, enum.Enum):
-    """What the page may ask of a running step."""
-
-    SUSPEND = "suspend"
-    RESUME = "resume"
 
 
 class AskBody(BaseModel):
