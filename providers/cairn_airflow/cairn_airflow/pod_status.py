@@ -135,11 +135,15 @@ def pod_end_error(pod: Any, container: str) -> Exception | None:
 
 
 def _timestamp(value: Any) -> float | None:
+    """A pod's time, as the client gives it (a datetime) or as JSON (RFC 3339), in seconds
+    since the Unix epoch; None when it is neither."""
+    from cairn.store import parse_timestamp  # here: DAG files import this module
+
     if isinstance(value, datetime):
         return value.timestamp()
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            return parse_timestamp(value)
         except ValueError:
             return None
     return None
