@@ -118,9 +118,10 @@ def outcome_from_pod(pod: Any, container: str) -> Any:
 
 
 def pod_end_error(pod: Any, container: str) -> Exception | None:
-    """The cairn error a finished pod stands for: :class:`Preempted` for exit 75/76 or a pod
-    the node ended, :class:`Fenced` for exit 5, None otherwise (success, or the step's own
-    failure, OOMKilled included, which Airflow reports as it does for any pod)."""
+    """The cairn error a finished pod stands for: the one its exit code stands for
+    (:func:`cairn.runtime.exits.error_for_exit`), else :class:`Preempted` for a pod the node
+    ended, None otherwise (success, or the step's own failure, OOMKilled included, which
+    Airflow reports as it does for any pod)."""
     from cairn.exceptions import Preempted
     from cairn.runtime.exits import error_for_exit
 
