@@ -170,7 +170,8 @@ $(LOWEST_STAMP): pyproject.toml $(LOWEST_PINS)
 
 ## The toy store backend (tests/support/toy_store): a test-only distribution that plugs a store
 ## kind cairn does not know in through the `cairn.stores` entry point, as a third party's would
-## (tests/integration/store/test_store_plugin.py; every store test runs on it too). Built once
+## (tests/integration/store/test_store_plugin.py; the store conformance modules run on it too,
+## tests/conftest.py's CONFORMANCE_MODULES). Built once
 ## into a wheel (no dependencies), installed into each environment whose suites use it before
 ## they start; never by `make setup`. A .venv-newest that is only the SAME_AS_MAIN marker has no
 ## interpreter and gets none.

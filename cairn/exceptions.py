@@ -116,9 +116,9 @@ class Preempted(CairnError):
 class PreemptedExit(Preempted, SystemExit):
     """A :class:`Preempted` raised where the signal's default action was installed before
     cairn's handler (a bare script: a pod, a SLURM job): also a :class:`SystemExit` whose
-    ``code`` (``cairn run``'s 75/76, from :mod:`cairn.runtime.exits`, given by whoever raises
-    it) is what the process exits with when nothing catches it, instead of dying by the
-    signal before its orchestrator integration could record the outcome."""
+    ``code`` (``cairn run``'s preemption code, from :mod:`cairn.runtime.exits`, given by
+    whoever raises it) is what the process exits with when nothing catches it, instead of dying
+    by the signal before its orchestrator integration could record the outcome."""
 
     def __init__(self, message: str, *, code: int, seq: int | None = None) -> None:
         super().__init__(message, seq=seq)

@@ -6,6 +6,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -75,10 +76,41 @@ def toy_store_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return root
 
 
-@pytest.fixture(params=["local", "gcs", "toy"])
+#: cairn's own backends: every test that uses a store runs on each.
+BACKENDS = ("local", "gcs")
+#: Backends plugged in from outside (through the ``cairn.stores`` entry point, as a third
+#: party's would be): only the conformance modules run on them.
+PLUGGED_IN = ("toy",)
+#: The store conformance modules: the contracts every backend must meet.
+CONFORMANCE_MODULES = frozenset({
+    "tests/integration/store/test_backend_conformance.py",
+    "tests/integration/store/test_store_roundtrip.py",
+    "tests/integration/store/test_store_plugin.py",
+    "tests/integration/store/test_tamper_restore.py",
+})
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' own params: ids stay backend-first
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``backend_url`` (and so ``backend`` and ``store``) by the test's module:
+    :data:`BACKENDS` everywhere, and :data:`PLUGGED_IN` too in :data:`CONFORMANCE_MODULES`.
+
+    The toy backend is there to prove that a backend plugged in from outside meets the
+    contracts cairn builds on, which is what the conformance modules state. Every other test
+    that uses a store exercises cairn's code above the backend, the same whichever one is
+    below: a third run of each on the toy proved nothing more and only cost CI time."""
+    if "backend_url" not in metafunc.fixturenames:
+        return
+    module = metafunc.definition.path.resolve().relative_to(ROOT).as_posix()
+    kinds = BACKENDS + PLUGGED_IN if module in CONFORMANCE_MODULES else BACKENDS
+    metafunc.parametrize("backend_url", kinds, indirect=True)
+
+
+@pytest.fixture()
 def backend_url(request: pytest.FixtureRequest, tmp_path) -> str:
-    """A store URL for each backend (cairn's two, and the plugged-in toy); tests using it run
-    once per backend."""
+    """A store URL on the backend ``request.param`` names (see :func:`pytest_generate_tests`);
+    tests using it run once per backend."""
     if request.param == "local":
         return str(tmp_path / "store")
     suffix = f"prefix-{uuid.uuid4().hex[:6]}"

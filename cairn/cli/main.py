@@ -1,12 +1,8 @@
 """``cairn``: put, get, list, inspect, verify, remove and garbage-collect snapshots; suspend
 and resume a running step.
 
-Exit codes are stable (scripts may rely on them) and defined in :mod:`cairn.runtime.exits`:
-0 success, 1 internal error, 2 bad usage or input, 3 not found, 4 verification failed, 5
-fenced, 6 storage error, 7 host not ready (``doctor``), 8 restoring failed on this side (a
-library error, a bug, out of memory; no snapshot skipped), 75/76 ``run`` preempted with / without
-a final snapshot, 77 ``run`` suspended on request, 130 interrupted. ``cairn run`` otherwise exits with its command's own code
-(128 + N if signal N killed it).
+Exit codes are stable (scripts may rely on them), defined and explained in
+:mod:`cairn.runtime.exits`; ``cairn --help`` and ``cairn run --help`` print that table.
 
 Listing commands (``ls``, ``inspect``, ``verify``, ``gc``) accept ``--json``; so do ``put``
 and ``get``, which then print one JSON object describing what they did.
@@ -19,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 
 from cairn.cli.output import emit, progress
@@ -28,7 +25,14 @@ from cairn.version import __version__
 from cairn.exceptions import CairnError, ConfigError, NotFound
 from cairn.runtime import env, slurm
 from cairn.runtime.durations import parse_duration
-from cairn.runtime.exits import ExitCode, exit_code_for
+from cairn.runtime.exits import (
+    OWN_CODE,
+    RUN_CODES,
+    RUN_ONLY,
+    ExitCode,
+    describe_exit_codes,
+    exit_code_for,
+)
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Store
 from cairn.store.kinds import BUILTIN as BUILTIN_KINDS
@@ -233,17 +237,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 STORE_HELP = "a directory, file:///path or a bucket (" + ", ".join(
     k.url_form for k in BUILTIN_KINDS if k.remote) + ", or an installed store backend's form)"
 
-RUN_EPILOG = """exit codes of cairn run: the command's own when it ends by itself (128+N when a
-signal N killed it); 75 preempted (SIGTERM/SIGINT) and a final snapshot was committed (with
---spool: or handed to the sidecar, still uploading when the budget ran out); 76
-preempted and no final snapshot (it would not fit --grace, or it failed; the previous one is
-kept); 77 suspended on request (`cairn suspend`) with a final snapshot committed, or the key
-is suspended and the command was not started (`cairn resume` lifts it); 2 bad usage; 5 fenced (a newer attempt took the key; the command was stopped); 6 the
-store could not be opened; 7 this host cannot run process mode (see cairn doctor --preflight);
-8 restoring the snapshot failed on this side (a library error, a bug, out of memory: the log
-names it): no snapshot was skipped, and the command was not started (or, restored lazily, was
-stopped).
-After the command exits 0 the key is marked done and its snapshots removed (--keep to keep)."""
+# Printed as written (RawDescriptionHelpFormatter), so that the table keeps its rows.
+RUN_EPILOG = "\n".join([
+    textwrap.fill(f"exit codes of cairn run: {OWN_CODE} when the command ends by itself; "
+                  "else:", 79),
+    describe_exit_codes(RUN_CODES),
+    textwrap.fill("After the command exits 0 the key is marked done and its snapshots removed "
+                  "(--keep to keep).", 79)])
+EPILOG = ("exit codes (" + ", ".join(str(int(c)) for c in sorted(RUN_ONLY))
+          + f" from cairn run only):\n{describe_exit_codes()}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -284,10 +286,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn", description="Verified, deduplicated snapshots for resumable pipeline steps.",
-        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 not found, 4 corrupt, "
-               "5 fenced, 6 storage error, 7 host not ready (doctor), 8 restore failed on this "
-               "side (nothing skipped), 75/76 preempted (run), "
-               "77 suspended (run), 130 interrupted.")
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cairn {__version__}")
     secret_help = (f"the secret file that opens an encrypted store (default: ${env.SECRET_FILE}); "
                    "with it a new store is created encrypted")

@@ -14,9 +14,10 @@ from cairn.cli.progress import human_size
 from cairn.exceptions import NotFound
 from cairn.runtime.exits import ExitCode
 from cairn.store import Key, Manifest, Store
-from cairn.store.outcomes import parse_iso, try_summaries
+from cairn.store.outcomes import try_summaries
 from cairn.store.slotlog import RecordKind
 from cairn.store.store import VerifyReport, describe_shared
+from cairn.store.timestamps import parse_timestamp
 
 
 # -- ls ---------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def _suspension_lines(held: dict[str, Any] | None) -> list[str]:
     why = f": {held['reason']}" if held["reason"] else ""
     lines = [f"  {held['state']}: try {held['epoch']} asked by {held['by']} at {held['at']}{why}"]
     if held["state"] == "suspend-requested":
-        waited = max(time.time() - parse_iso(held["at"]), 0.0)
+        waited = max(time.time() - parse_timestamp(held["at"]), 0.0)
         lines.append(f"  not honoured yet, {waited:.0f}s after the request (a running try "
                      "honours it at its next poll; state mode only inside step())")
     if held["try_outcome"] is not None:

@@ -4,7 +4,10 @@ The model, per capacity option, from the step's own history (:class:`History`) a
 
 * **Interruption rate** λ: ``(n + 1) / (h + prior MTBF)`` — the n preemptions and evictions the
   step saw in h hours on that option, after one assumed interruption per prior MTBF (a Gamma
-  prior): with no history it is the prior, and it follows the evidence as hours pile up.
+  prior): with no history it is the prior, and it follows the evidence as hours pile up. Only
+  the capacity's doing counts (the outcome records that say so), over hours worked on that
+  option, since it compares options; it is not ``Checkpointer.mtbf_s``, the wall time between
+  any two starts of the key's tries, whatever ended them and whether or not that was recorded.
 * **Snapshot interval** τ: Young–Daly ``sqrt(2 · C · MTBF)`` from the median measured snapshot
   cost C (a prior when nothing was measured) and MTBF = 1/λ, clamped to ``[min, max]``.
 * **Loss per interruption** L: restore cost R + restart delay d + the work since the last

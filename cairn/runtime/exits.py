@@ -1,33 +1,20 @@
 """Exit codes, defined once: the CLI's, ``cairn run``'s, and what a step's exit code stands for.
 
-====  ==============================================================
-0     success
-1     unexpected internal error (a bug: please report it)
-2     bad usage or input (malformed URL, key, path or option)
-3     not found: no store at the URL, no such key, seq or snapshot
-4     verification failed: a snapshot is corrupt or incomplete
-5     fenced: another attempt moved the key's log on
-6     storage error: I/O, network or permission problem
-7     ``doctor``: this host cannot run process mode (``--preflight``) or a check failed
-8     restoring failed on this side (a library error, a bug, out of memory); no snapshot
-      was skipped: fix the cause, then retry
-75    preempted, a final snapshot was committed (retry to resume; ``EX_TEMPFAIL``)
-76    preempted, no final snapshot (the previous one is kept)
-77    suspended on request (``cairn suspend``); the final snapshot committed, or, logged,
-      the previous one kept when the stopped workload's dump could not be stored
-130   interrupted (Ctrl-C)
-====  ==============================================================
-
-``cairn run`` otherwise exits with its command's own code (128 + N if signal N killed it). The
-same codes in both modes, so whatever reads a container's exit code (the Airflow operators,
-Kubernetes, SLURM) maps them alike: :func:`error_for_exit` turns one back into the exception it
-stands for. Stdlib and :mod:`cairn.exceptions` only.
+:class:`ExitCode` names them and :data:`MEANINGS` says what each means (the CLI's help prints
+that table: :func:`describe_exit_codes`); :data:`RUN_CODES` are the ones ``cairn run`` exits
+with itself, any other being its command's own (128 + N if signal N killed it). The same codes
+in both modes, so whatever reads a container's exit code (the Airflow operators, Kubernetes,
+SLURM) maps them alike: :func:`error_for_exit` turns one back into the exception it stands
+for. Elsewhere, refer to this module rather than retyping the table. Stdlib and
+:mod:`cairn.exceptions` only.
 """
 
 from __future__ import annotations
 
 import enum
 import os
+import textwrap
+from collections.abc import Iterable
 
 from cairn.exceptions import (
     CairnError,
@@ -43,7 +30,7 @@ from cairn.exceptions import (
 
 
 class ExitCode(enum.IntEnum):
-    """The documented exit codes (module docstring)."""
+    """The documented exit codes (what each means: :data:`MEANINGS`)."""
 
     OK = 0
     INTERNAL = 1
@@ -62,13 +49,54 @@ class ExitCode(enum.IntEnum):
 
 PREEMPTED = frozenset({ExitCode.PREEMPTED_SAVED, ExitCode.PREEMPTED_KEPT})
 
-_MEANING = {
-    ExitCode.USAGE: "usage error",
-    ExitCode.STORAGE: "the store is unreachable",
-    ExitCode.NOT_READY: "this host cannot run process mode (run `cairn doctor --preflight`)",
-    ExitCode.RESTORE_FAILED: ("restoring failed on this side (a library error, a bug, out of "
-                              "memory); no snapshot was skipped: fix the cause, then retry"),
+#: What each code means, for every command: the one table (``cairn --help`` prints it).
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "success",
+    ExitCode.INTERNAL: "unexpected internal error (a bug: please report it)",
+    ExitCode.USAGE: "bad usage or input (malformed URL, key, path or option)",
+    ExitCode.NOT_FOUND: "not found: no store at the URL, no such key, seq or snapshot",
+    ExitCode.CORRUPT: "verification failed: a snapshot is corrupt or incomplete",
+    ExitCode.FENCED: "fenced: a newer attempt took the key's log over (cairn run stops its "
+                     "command)",
+    ExitCode.STORAGE: "storage error: the store could not be opened, read or written (I/O, "
+                      "network or permission)",
+    ExitCode.NOT_READY: "this host cannot run process mode (run `cairn doctor --preflight`), or "
+                        "a `cairn doctor` check failed",
+    ExitCode.RESTORE_FAILED: "restoring failed on this side (a library error, a bug, out of "
+                             "memory; cairn run's command was not started or, restored lazily, "
+                             "was stopped); no snapshot was skipped: fix the cause, then retry",
+    ExitCode.PREEMPTED_SAVED: "preempted (SIGTERM/SIGINT) and a final snapshot was committed "
+                              "(with --spool: or handed to the sidecar, still uploading when "
+                              "the budget ran out); a retry resumes from it (EX_TEMPFAIL)",
+    ExitCode.PREEMPTED_KEPT: "preempted and no final snapshot (it would not fit --grace, or it "
+                             "failed; the previous one is kept)",
+    ExitCode.SUSPENDED: "suspended on request (`cairn suspend`) with a final snapshot committed "
+                        "(or, logged, the previous one kept when the stopped workload's dump "
+                        "could not be stored), or the key is suspended and the command was not "
+                        "started (`cairn resume` lifts it)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
 }
+
+#: The codes ``cairn run`` exits with itself; any other is its command's own (:data:`OWN_CODE`).
+RUN_CODES: tuple[ExitCode, ...] = (
+    ExitCode.USAGE, ExitCode.FENCED, ExitCode.STORAGE, ExitCode.NOT_READY,
+    ExitCode.RESTORE_FAILED, ExitCode.PREEMPTED_SAVED, ExitCode.PREEMPTED_KEPT,
+    ExitCode.SUSPENDED)
+
+#: Only ``cairn run`` exits with these.
+RUN_ONLY = PREEMPTED | {ExitCode.SUSPENDED}
+
+OWN_CODE = "the command's own exit status (128+N when signal N killed it)"
+
+
+def describe_exit_codes(codes: Iterable[ExitCode] = tuple(ExitCode), *, width: int = 79) -> str:
+    """A table of ``codes`` and their :data:`MEANINGS`, one code a row, wrapped at ``width``
+    (for help text printed as it is: argparse's ``RawDescriptionHelpFormatter``)."""
+    rows = []
+    for code in codes:
+        rows.append(textwrap.fill(MEANINGS[code], width, initial_indent=f"  {int(code):<5}",
+                                  subsequent_indent=" " * 7))
+    return "\n".join(rows)
 
 
 def preempted_code(seq: int | None) -> ExitCode:
@@ -118,15 +146,16 @@ def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -
                       f"(exit {code})")
     if code == ExitCode.RESTORE_FAILED:
         return RestoreFailed(f"{where} could not restore its snapshot (exit {code}): "
-                             f"{_MEANING[ExitCode.RESTORE_FAILED]} (its log names the cause)")
+                             f"{MEANINGS[ExitCode.RESTORE_FAILED]} (its log names the cause)")
     return None
 
 
 def describe_exit(code: int, *, where: str = "cairn run") -> str:
-    """One line for a non-zero exit that is not a preemption or a fence."""
-    if code in _MEANING:
-        return f"{where} exited with {code}: {_MEANING[ExitCode(code)]}"
-    return f"{where} exited with {code} (the command's own exit status, 128+N for signal N)"
+    """One line for a non-zero exit of ``cairn run`` (:data:`RUN_CODES`, else the command's
+    own)."""
+    if code in RUN_CODES:
+        return f"{where} exited with {code}: {MEANINGS[ExitCode(code)]}"
+    return f"{where} exited with {code} ({OWN_CODE})"
 
 
 def from_wait_status(status: int) -> int:

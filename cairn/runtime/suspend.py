@@ -20,8 +20,8 @@ from cairn.exceptions import CairnError, ConfigError, Suspended
 from cairn.runtime import env
 from cairn.runtime.durations import parse_duration
 from cairn.runtime.exits import ExitCode
-from cairn.store.outcomes import iso
 from cairn.store.requests import Request, Suspension
+from cairn.store.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def describe(request: Request | None) -> str:
     if request is None:
         return "(seen by rank 0)"
     why = f" ({request.reason})" if request.reason else ""
-    return f"by {request.by} at {iso(request.at)}{why}"
+    return f"by {request.by} at {format_timestamp(request.at)}{why}"
 
 
 def detail(request: Request | None) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def detail(request: Request | None) -> dict[str, Any]:
     took."""
     if request is None:
         return {}
-    return {"by": request.by, "at": iso(request.at), "reason": request.reason,
+    return {"by": request.by, "at": format_timestamp(request.at), "reason": request.reason,
             "latency_s": round(latency_s(request), 3)}
 
 

@@ -22,7 +22,9 @@ from cairn.store.outcomes import TrySummary, try_summaries
 from cairn.store.slotlog import Record, RecordKind
 from cairn.store.attempt import Attempt
 from cairn.store.records import Records
+from cairn.store.requests import RequestKind
 from cairn.store.settings import StoreSettings
+from cairn.store.timestamps import format_timestamp, parse_timestamp
 from cairn.store.store import (
     RestoreResult,
     SnapshotInfo,
@@ -42,6 +44,7 @@ __all__ = [
     "Record",
     "RecordKind",
     "Records",
+    "RequestKind",
     "RestoreResult",
     "SnapshotInfo",
     "SnapshotMode",
@@ -54,8 +57,10 @@ __all__ = [
     "StoreSettings",
     "TrySummary",
     "VerifyReport",
+    "format_timestamp",
     "load_secret_file",
     "new_secret",
+    "parse_timestamp",
     "secret_from_text",
     "secret_text",
     "store_kind",

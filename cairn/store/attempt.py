@@ -37,8 +37,8 @@ from cairn.store.slotlog import (
     RecordKind,
     part_name,
     parts_prefix,
-    utc_now,
 )
+from cairn.store.timestamps import format_timestamp
 from cairn.store.writer import ProgressCallback, SnapshotWriter, WriterStore
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class Attempt:
         written = sum(parts[r].bytes_written for r in range(world_size))
         manifest = Manifest(
             key=self.key.components, seq=seq, epoch=self.epoch,
-            parent=self.parent.seq if self.parent else None, created_at=utc_now(),
+            parent=self.parent.seq if self.parent else None, created_at=format_timestamp(),
             mode=parts[0].mode, files=files,
             metadata={"step": step, "bytes_logical": sum(f.size for f in files),
                       "bytes_written": written, "world_size": world_size,

@@ -27,7 +27,6 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
 
 import google.api_core.exceptions as gexc
 import google_crc32c
@@ -50,6 +49,7 @@ from cairn.exceptions import (
 )
 from cairn.store.backend import Backend, BlobWriter, ObjectInfo
 from cairn.store.kind_gcs import FORM, bucket_and_prefix
+from cairn.store.timestamps import format_timestamp, parse_timestamp
 
 if int(storage.__version__.split(".", 1)[0]) < 3:  # pragma: no cover - depends on the install
     # The create path calls Blob._do_multipart_upload, whose 2.x signature differs.
@@ -239,7 +239,7 @@ class GCSBackend(Backend):
             # recorded; GCS itself moves `updated` on every metadata change.
             touched = (blob.metadata or {}).get(_TOUCH_KEY)
             with contextlib.suppress(TypeError, ValueError):
-                updated = max(updated, datetime.fromisoformat(touched).timestamp())
+                updated = max(updated, parse_timestamp(touched))
         return ObjectInfo(
             name=name,
             size=int(blob.size or 0),
@@ -427,7 +427,7 @@ class GCSBackend(Backend):
         # Any metadata change bumps metageneration and `updated`. The value, the touch time,
         # stands in for `updated` under fake-gcs-server (see _info). Patch merges keys, so
         # the upload token stays.
-        blob.metadata = {_TOUCH_KEY: datetime.now(timezone.utc).isoformat()}
+        blob.metadata = {_TOUCH_KEY: format_timestamp()}
         with self._errors("touching", name):
             # Repeating a touch is harmless, so retry it even without a precondition.
             blob.patch(timeout=self._timeout, retry=DEFAULT_RETRY)

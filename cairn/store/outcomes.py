@@ -24,7 +24,6 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from cairn.exceptions import ConfigError
@@ -33,9 +32,9 @@ from cairn.store.slotlog import (
     Record,
     RecordKind,
     seq_from_name,
-    utc_now,
     writer_identity,
 )
+from cairn.store.timestamps import format_timestamp, parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +216,8 @@ class Outcome:
             "schema": OUTCOME_SCHEMA,
             "epoch": self.epoch,
             "outcome": self.outcome.value,
-            "started_at": iso(self.started_at),
-            "ended_at": iso(self.ended_at),
+            "started_at": format_timestamp(self.started_at),
+            "ended_at": format_timestamp(self.ended_at),
             "progress": {"start_step": p.start_step, "end_step": p.end_step,
                          "kept_step": p.kept_step, "total_steps": p.total_steps,
                          "snapshot_seq": p.snapshot_seq},
@@ -238,15 +237,6 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_iso(text: str) -> float:
-    """Seconds since the epoch of a ``...Z`` timestamp as the store writes them."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def outcomes_prefix(key_path: str) -> str:
     return f"{KEYS_PREFIX}{key_path}/{OUTCOMES_DIR}/"
 
@@ -258,7 +248,7 @@ def outcome_name(key_path: str, epoch: int) -> str:
 def record_bytes(doc: Mapping[str, Any], *, key: tuple[str, ...]) -> bytes:
     """A record beside the slot log (an outcome, a request) as stored: ``doc`` with the key,
     when and by whom it was written."""
-    full = {**doc, "key": list(key), "created_at": utc_now(), "writer": writer_identity()}
+    full = {**doc, "key": list(key), "created_at": format_timestamp(), "writer": writer_identity()}
     return json.dumps(full, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
@@ -288,8 +278,8 @@ def decode_outcome(data: bytes, *, epoch: int) -> Outcome:
         return Outcome(
             epoch=epoch,
             outcome=OutcomeKind(doc["outcome"]),
-            started_at=parse_iso(doc["started_at"]),
-            ended_at=parse_iso(doc["ended_at"]),
+            started_at=parse_timestamp(doc["started_at"]),
+            ended_at=parse_timestamp(doc["ended_at"]),
             progress=Progress(**{k: p.get(k) for k in ("start_step", "end_step", "kept_step",
                                                          "total_steps", "snapshot_seq")}),
             snapshot_cost_s=doc.get("snapshot_cost_s"),
@@ -352,7 +342,7 @@ def tries_from_records(records: list[Record]) -> list[TryLog]:
     opened: dict[int, dict[str, Any]] = {}
     for record in records:
         try:
-            at = parse_iso(record.created_at)
+            at = parse_timestamp(record.created_at)
         except ValueError:
             log.warning("key %s: seq %d has an unreadable timestamp %r; left out of the history",
                         "/".join(record.key), record.seq, record.created_at)
@@ -410,7 +400,7 @@ def summarize_log(records: Sequence[Record], epoch: int, *,
     end = end_seq if end_seq is not None else last_seq_seen + 1
     count = max(end - epoch - 1 - int(done), len(snaps))
     newest = snaps[-1].manifest if snaps else None
-    steps = [(parse_iso(r.created_at), r.manifest.step) for r in snaps
+    steps = [(parse_timestamp(r.created_at), r.manifest.step) for r in snaps
              if r.manifest is not None and r.manifest.step is not None]
     rates = [(t2 - t1) / (s2 - s1) for (t1, s1), (t2, s2) in zip(steps, steps[1:])
              if s2 > s1 and t2 > t1]

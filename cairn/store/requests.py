@@ -30,12 +30,11 @@ from cairn.store.outcomes import (
     Outcome,
     OutcomeKind,
     TryLog,
-    iso,
     load_record,
-    parse_iso,
     record_bytes,
 )
 from cairn.store.slotlog import KEYS_PREFIX
+from cairn.store.timestamps import format_timestamp, parse_timestamp
 
 REQUEST_SCHEMA = "cairn.request/1"
 REQUESTS_DIR = "@requests"
@@ -43,6 +42,10 @@ MAX_TEXT = 500  # reasons and requesters are shown in one line of a listing
 
 
 class RequestKind(str, enum.Enum):
+    """What an operator may ask of a key's try: stop it with a final snapshot (``suspend``),
+    or lift that suspension (``resume``). Its values name the request records and the routes
+    and commands that make them."""
+
     SUSPEND = "suspend"
     RESUME = "resume"
 
@@ -77,7 +80,7 @@ class Request:
 
     def to_json(self) -> dict[str, object]:
         return {"schema": REQUEST_SCHEMA, "kind": self.kind.value, "epoch": self.epoch,
-                "by": self.by, "at": iso(self.at), "reason": self.reason,
+                "by": self.by, "at": format_timestamp(self.at), "reason": self.reason,
                 "placement": self.placement}
 
 
@@ -94,7 +97,7 @@ def _check_line(name: str, value: object, *, required: bool = False) -> None:
 def request_time() -> float:
     """Now, at the resolution a record keeps (microseconds), so that a request read back
     equals the one made."""
-    return parse_iso(iso(time.time()))
+    return parse_timestamp(format_timestamp(time.time()))
 
 
 def default_requester() -> str:
@@ -140,7 +143,7 @@ def decode_request(data: bytes, *, kind: RequestKind, epoch: int) -> Request:
         if doc.get("kind") != kind.value or doc.get("epoch") != epoch:
             raise ValueError(f"record says {doc.get('kind')!r} for epoch {doc.get('epoch')!r} "
                              f"but is stored as {kind.value} for {epoch}")
-        return Request(kind=kind, epoch=epoch, by=doc["by"], at=parse_iso(doc["at"]),
+        return Request(kind=kind, epoch=epoch, by=doc["by"], at=parse_timestamp(doc["at"]),
                        reason=doc.get("reason"), placement=doc.get("placement"))
     except (KeyError, TypeError, AttributeError, ConfigError) as e:
         raise ValueError(f"malformed request record: {e}") from None
@@ -174,9 +177,9 @@ class Suspension:
 
     def to_json(self) -> dict[str, object]:
         s, r = self.suspend, self.resume
-        return {"state": self.state.value, "epoch": s.epoch, "by": s.by, "at": iso(s.at),
+        return {"state": self.state.value, "epoch": s.epoch, "by": s.by, "at": format_timestamp(s.at),
                 "reason": s.reason, "try_outcome": self.outcome.value if self.outcome else None,
-                "resumed_by": r.by if r else None, "resumed_at": iso(r.at) if r else None,
+                "resumed_by": r.by if r else None, "resumed_at": format_timestamp(r.at) if r else None,
                 "placement": r.placement if r else None}
 
 

@@ -28,13 +28,13 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from cairn.exceptions import AlreadyExists, CorruptSnapshot, Fenced, NotFound, StoreError
 from cairn.store.backend import Backend
 from cairn.store.keys import Key
 from cairn.store.manifest import Manifest, dumps, manifest_from_json
+from cairn.store.timestamps import format_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,6 @@ class RecordKind(str, enum.Enum):
     OPEN = "open"
     SNAP = "snap"
     DONE = "done"
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def log_prefix(key_path: str) -> str:
@@ -119,7 +115,7 @@ def encode_record(kind: RecordKind, *, key: Key, seq: int, epoch: int,
         "seq": seq,
         "epoch": epoch,
         "key": list(key.components),
-        "created_at": utc_now(),
+        "created_at": format_timestamp(),
         "writer": writer_identity(),
     }
     doc.update(body or {})

@@ -67,8 +67,8 @@ from cairn.store.slotlog import (
     SlotLog,
     key_paths,
     record_name,
-    utc_now,
 )
+from cairn.store.timestamps import format_timestamp
 from cairn.store.url import open_backend
 from cairn.store.verdicts import reading
 from cairn.store.settings import (
@@ -188,7 +188,7 @@ class Store:
             raise ConfigError(f"the store {self.url} is not encrypted; there are no keys to "
                               "rotate (an encrypted store is created with a secret)")
         keyring = rotate_keyring(self.raw_backend, self.keyring,
-                                 secret=new_secret or self.secret, now=utc_now(),
+                                 secret=new_secret or self.secret, now=format_timestamp(),
                                  new_data_key=new_data_key)
         if new_secret is not None:
             self.secret = new_secret
@@ -224,7 +224,7 @@ class Store:
             )
         config: dict[str, Any] = {"format": STORE_FORMAT,
                                   "gc_grace_seconds": DEFAULT_GC_GRACE_SECONDS,
-                                  "created_at": utc_now()}
+                                  "created_at": format_timestamp()}
         if self.secret is not None:
             # Encrypted from the first object: the keyring exists before the config that
             # names the store encrypted, so no reader ever sees one without the other.

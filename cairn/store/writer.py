@@ -43,7 +43,8 @@ from cairn.store.keys import Key
 from cairn.store.packs import PackWriter
 from cairn.store.sealing import Sealer
 from cairn.store.settings import StoreSettings
-from cairn.store.slotlog import AttemptLog, RecordKind, utc_now, writer_identity
+from cairn.store.slotlog import AttemptLog, RecordKind, writer_identity
+from cairn.store.timestamps import format_timestamp
 from cairn.version import __version__
 
 log = logging.getLogger(__name__)
@@ -364,7 +365,7 @@ class SnapshotWriter:
                 seq=seq,
                 epoch=self._attempt.epoch,
                 parent=self._parent.seq if self._parent is not None else None,
-                created_at=utc_now(),
+                created_at=format_timestamp(),
                 mode=self._mode,
                 files=tuple(self._files.values()),
                 metadata=self._metadata(step, compat, user),

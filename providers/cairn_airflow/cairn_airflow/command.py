@@ -16,12 +16,12 @@ Contract of one try (``execute``):
 - ``on_kill`` only sends SIGTERM to the supervisor and returns: it runs inside Airflow's signal
   handler, and the supervisor decides by its ``grace`` budget whether a final snapshot fits;
 - ``execute`` returns the XCom ``cairn`` metadata when the command succeeded (the key is then
-  marked done, unless ``keep_snapshots``); exit 75/76 (preempted, final snapshot committed or
-  not) raise :class:`cairn.exceptions.Preempted`, exit 5 (a newer try exists) raises
-  :class:`cairn.exceptions.Fenced`, exit 8 (restoring failed on the worker's side, no snapshot
-  skipped) ``AirflowFailException`` (no retry is spent on it), any other non-zero exit an
-  ``AirflowException`` naming it;
-- exit 77 (suspended on request, or the key was held suspended when the try started) defers
+  marked done, unless ``keep_snapshots``); a non-zero exit raises the error it stands for
+  (:func:`exit_error`; the codes: :mod:`cairn.runtime.exits`): a preemption
+  :class:`cairn.exceptions.Preempted`, a fence :class:`cairn.exceptions.Fenced`, a restore that
+  failed on the worker's side ``AirflowFailException`` (no retry is spent on it), any other
+  code an ``AirflowException`` naming it;
+- a suspension (on request, or the key was held suspended when the try started) defers
   the task with a resume trigger instead of failing (no retry used; see
   :mod:`cairn_airflow.suspend`, ``resume_after`` and ``resume_poll``): the supervisor and the
   workload are gone meanwhile; once resumed, ``cairn run`` runs again on a worker and restores

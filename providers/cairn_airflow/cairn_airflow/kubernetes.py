@@ -37,13 +37,14 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
 - when the node or the kernel ended the pod before ``cairn run`` could record the try's outcome
   (node shutdown, disruption, eviction, OOMKilled), the operator records it from the pod status,
   so the next placement counts it;
-- the base container's exit code 75/76 (``cairn run`` stopped by a preemption, final snapshot
-  committed or not) raises :class:`cairn.exceptions.Preempted`, 5 (a newer try took the key
-  over) :class:`cairn.exceptions.Fenced`, 8 (the restore failed on the pod's side, nothing
-  skipped) ``AirflowFailException``, which spends no retry; a pod ended by the node (shutdown, eviction, a
-  ``DisruptionTarget`` condition) is a preemption too, while ``OOMKilled`` stays an error;
-- exit 77 of the main container (suspended on request, or the key was held suspended when
-  the try started) defers the task with a resume trigger once the pod is cleaned up, instead
+- the base container's exit code stands for the error :func:`cairn.runtime.exits.error_for_exit`
+  gives (the codes: :mod:`cairn.runtime.exits`): a preemption raises
+  :class:`cairn.exceptions.Preempted`, a fence :class:`cairn.exceptions.Fenced`, a restore that
+  failed on the pod's side ``AirflowFailException``, which spends no retry; a pod ended by the
+  node (shutdown, eviction, a ``DisruptionTarget`` condition) is a preemption too, while
+  ``OOMKilled`` stays an error;
+- a suspension of the main container (on request, or the key was held suspended when the try
+  started) defers the task with a resume trigger once the pod is cleaned up, instead
   of failing (no retry used; see :mod:`cairn_airflow.suspend`, ``resume_after`` and
   ``resume_poll``): no pod exists while it waits; once resumed, a new pod is built on a
   worker and resumes from the suspend snapshot;

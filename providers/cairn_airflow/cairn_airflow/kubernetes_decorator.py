@@ -37,11 +37,10 @@ Contract of one try:
   KubernetesPodOperator's XCom sidecar, as for ``@task.kubernetes``; unlike there,
   ``do_xcom_push`` defaults to True, as for every TaskFlow task (``do_xcom_push=False``: no
   XCom sidecar, the value is dropped);
-- :class:`cairn.exceptions.Preempted` ends the script with exit code 75 (final snapshot
-  committed) or 76, :class:`cairn.exceptions.Fenced` with 5, a restore that failed on the
-  pod's side (:class:`cairn.exceptions.RestoreFailed`) with 8, the codes ``cairn run`` uses, so
-  the operator raises ``Preempted``/``Fenced``/``AirflowFailException`` for them like in
-  process mode.
+- :class:`cairn.exceptions.Preempted`, :class:`cairn.exceptions.Fenced` and a restore that
+  failed on the pod's side (:class:`cairn.exceptions.RestoreFailed`) end the script with the
+  exit code ``cairn run`` uses for each (:mod:`cairn.runtime.exits`), so the operator raises
+  ``Preempted``/``Fenced``/``AirflowFailException`` for them like in process mode.
 
 Why this class shape: ``_CairnKubernetesDecoratedOperator`` subclasses the cncf provider's
 ``_KubernetesDecoratedOperator`` (first) and ``CairnKubernetesPodOperator``. The method
@@ -181,8 +180,8 @@ def _cairn_pod_task(fn: Callable[..., Any], *, ckpt_parameter: str | None, keep_
     ``fn`` wrapped so that its Checkpointer parameter receives ``Checkpointer.from_env()``; on
     success the key is marked done (unless ``keep_snapshots``); the Checkpointer is always
     closed; the outcome is recorded (:mod:`cairn.runtime.endings`, as the worker-side operator
-    does); Preempted/Fenced/RestoreFailed end the process with ``cairn run``'s exit codes (75
-    or 76, 5, 8)."""
+    does); Preempted/Fenced/Suspended/RestoreFailed end the process with ``cairn run``'s exit
+    codes (:func:`cairn.runtime.session.try_exit_code`)."""
     import functools
 
     @functools.wraps(fn)

@@ -118,9 +118,10 @@ def outcome_from_pod(pod: Any, container: str) -> Any:
 
 
 def pod_end_error(pod: Any, container: str) -> Exception | None:
-    """The cairn error a finished pod stands for: :class:`Preempted` for exit 75/76 or a pod
-    the node ended, :class:`Fenced` for exit 5, None otherwise (success, or the step's own
-    failure, OOMKilled included, which Airflow reports as it does for any pod)."""
+    """The cairn error a finished pod stands for: the one its exit code stands for
+    (:func:`cairn.runtime.exits.error_for_exit`), else :class:`Preempted` for a pod the node
+    ended, None otherwise (success, or the step's own failure, OOMKilled included, which
+    Airflow reports as it does for any pod)."""
     from cairn.exceptions import Preempted
     from cairn.runtime.exits import error_for_exit
 
@@ -135,11 +136,15 @@ def pod_end_error(pod: Any, container: str) -> Exception | None:
 
 
 def _timestamp(value: Any) -> float | None:
+    """A pod's time, as the client gives it (a datetime) or as JSON (RFC 3339), in seconds
+    since the Unix epoch; None when it is neither."""
+    from cairn.store import parse_timestamp  # here: DAG files import this module
+
     if isinstance(value, datetime):
         return value.timestamp()
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            return parse_timestamp(value)
         except ValueError:
             return None
     return None

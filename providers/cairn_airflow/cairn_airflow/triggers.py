@@ -52,8 +52,7 @@ def look(store_url: str, key: str, epoch: int, *,
     store raises."""
     from cairn.runtime.env import SECRET_FILE
     from cairn.runtime.stores import open_store
-    from cairn.store import Key
-    from cairn.runtime.suspend import iso  # the store's timestamp form
+    from cairn.store import Key, format_timestamp
 
     # Passed, not put in os.environ: the triggerer runs many triggers in one process.
     environ = {**os.environ, SECRET_FILE.name: secret_file} if secret_file else None
@@ -68,7 +67,7 @@ def look(store_url: str, key: str, epoch: int, *,
     if current.resume is None:
         return None
     r = current.resume
-    return {"status": "resumed", "epoch": epoch, "by": r.by, "at": iso(r.at),
+    return {"status": "resumed", "epoch": epoch, "by": r.by, "at": format_timestamp(r.at),
             "reason": r.reason}
 
 

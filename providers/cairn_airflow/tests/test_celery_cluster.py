@@ -227,7 +227,7 @@ def _assert_ran_on(cluster: Cluster, key: tuple[str, ...], *, first: str, retry:
     """The slot log's ``open`` records and the outcome records name the nodes (their host
     names) each try ran on. With ``lost_at`` (when the first node was lost), prints how long
     the retry's attempt took to open after it."""
-    from cairn.store.outcomes import parse_iso
+    from cairn.store import parse_timestamp
     from cairn.store.slotlog import RecordKind
 
     opens = [r for r in _history(cluster, key) if r.kind is RecordKind.OPEN]
@@ -235,7 +235,7 @@ def _assert_ran_on(cluster: Cluster, key: tuple[str, ...], *, first: str, retry:
         [(r.epoch, r.body.get("writer")) for r in opens]
     if lost_at is not None:
         print(f"\n{key[0]}: {first} lost -> the retry's attempt opened on {retry} "
-              f"{parse_iso(opens[1].created_at) - lost_at:.1f}s later "
+              f"{parse_timestamp(opens[1].created_at) - lost_at:.1f}s later "
               f"(heartbeat timeout {HEARTBEAT_TIMEOUT_S}s)")
     records = _outcome_records(cluster, key)
     succeeded = [r for r in records if r["outcome"] == "succeeded"]
@@ -293,10 +293,10 @@ def test_a_lost_node_s_process_mode_step_is_restored_on_the_other_node(
     lost, other, lost_at = _lose_node(cluster, dag_id, run_id)
     # How far apart the first try's snapshots really were: the interval plus each dump's
     # upload, which starts the next interval only once committed.
-    from cairn.store.outcomes import parse_iso
+    from cairn.store import parse_timestamp
     from cairn.store.slotlog import RecordKind
 
-    committed = [parse_iso(r.created_at) for r in _history(cluster, key)
+    committed = [parse_timestamp(r.created_at) for r in _history(cluster, key)
                  if r.kind is RecordKind.SNAP and r.body["writer"]["host"] == lost.name]
     spacing_s = committed[-1] - committed[-2]
     assert stack.wait_for_run(dag_id, run_id) == "success", stack.logs_tail()

@@ -1,9 +1,9 @@
 """A store backend plugged in from outside: the toy store (``toy://``), a test-only distribution
 (``tests/support/toy_store``) that ``make test`` installs into each test environment, reaches
-cairn only through the ``cairn.stores`` entry point. Every store test runs on it (the
-``backend_url`` fixture); here: that cairn's code does not know it, that the questions cairn
-asks of a store (remote? what does its sidecar need?) are answered by its kind, and that a
-broken or foreign plug-in is refused by name."""
+cairn only through the ``cairn.stores`` entry point. The store conformance modules run on it
+(``CONFORMANCE_MODULES`` in ``tests/conftest.py``); here: that cairn's code does not know it,
+that the questions cairn asks of a store (remote? what does its sidecar need?) are answered by
+its kind, and that a broken or foreign plug-in is refused by name."""
 
 from __future__ import annotations
 

@@ -22,8 +22,11 @@ from cairn.exceptions import (
     Suspended,
 )
 from cairn.runtime.exits import (
+    MEANINGS,
+    RUN_CODES,
     ExitCode,
     describe_exit,
+    describe_exit_codes,
     error_for_exit,
     exit_code_for,
     from_wait_status,
@@ -90,6 +93,22 @@ def test_descriptions_name_the_fix() -> None:
     assert "cairn doctor" in describe_exit(7)
     assert "no snapshot was skipped" in describe_exit(8)
     assert "128+N" in describe_exit(3)
+
+
+def test_every_code_has_one_meaning_and_the_help_prints_the_table(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cairn.cli.main import build_parser
+
+    assert set(MEANINGS) == set(ExitCode)
+    table = describe_exit_codes()
+    assert [int(line.split()[0]) for line in table.splitlines() if not line.startswith("   ")] \
+        == [int(c) for c in ExitCode]
+    assert all(len(line) <= 79 for line in table.splitlines())
+    assert table in build_parser().format_help()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    run_help = capsys.readouterr().out
+    assert describe_exit_codes(RUN_CODES) in run_help and "128+N" in run_help
 
 
 def test_wait_status_reads_like_a_shell() -> None:

@@ -54,6 +54,7 @@ from fastapi import Body, Depends, FastAPI, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel
 
+from cairn.store import RequestKind
 from cairn_airflow.hooks import DEFAULT_CONN_ID
 from cairn_airflow.plugins.paths import API_PATH, PAGE_PATH, URL_PREFIX
 
@@ -154,6 +155,27 @@ def open_config_store(config: Any) -> Any:
     return open_store(config.url, create=False, environ={**os.environ, **config.env})
 
 
+def usable_store_config(conn_id: str) -> Any:
+    """:func:`_store_config`; HTTPException 400 for a connection cairn cannot use, naming only
+    its error's type (the message may hold the store's URL)."""
+    from cairn.exceptions import CairnError
+
+    try:
+        return _store_config(conn_id)
+    except CairnError as e:
+        raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
+                            ) from None
+
+
+def ti_key(dag_id: str, task_id: str, run_id: str, map_index: int) -> Any:
+    """The task instance's key, as its operator makes it
+    (:func:`cairn_airflow.task_keys.task_key`)."""
+    from cairn_airflow.task_keys import task_key
+
+    return task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
+                                           map_index=map_index)})
+
+
 def task_conn_id(session: Any, dag_id: str, task_id: str) -> str:
     """The ``cairn`` connection the task itself uses, from its serialized DAG (``cairn_conn_id``
     when the operator serialized it, else ``cairn_default``). HTTPException 404 for a DAG or
@@ -223,19 +245,13 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
           conn_id: str, session: Any = None) -> Any:
     """The :class:`~cairn_airflow.plugins.report.TaskReport` of one task instance."""
     from cairn.exceptions import CairnError
-    from cairn_airflow.task_keys import task_key
     from cairn_airflow.plugins.report import TaskReport, build_report
 
-    ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)
-    key = task_key({"ti": ti})
+    key = ti_key(dag_id, task_id, run_id, map_index)
     # Readers see which connection, never the store's URL (it may name another team's bucket
     # layout, and a URL is a step towards its credentials).
     label = f"connection {conn_id}"
-    try:
-        config = _store_config(conn_id)
-    except CairnError as e:
-        raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
-                            ) from None
+    config = usable_store_config(conn_id)
     try:
         store = open_config_store(config)
     except CairnError as e:  # no store yet: nothing was ever snapshotted there
@@ -253,10 +269,8 @@ def build(dag_id: str, task_id: str, run_id: str, map_index: int, *, verify: Ver
 def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str) -> Any:
     """Forget the task instance's snapshots; returns (key, number removed)."""
     from cairn.exceptions import CairnError
-    from cairn_airflow.task_keys import task_key
 
-    key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                          map_index=map_index)})
+    key = ti_key(dag_id, task_id, run_id, map_index)
     try:
         config = _store_config(conn_id)
         with open_config_store(config) as store:
@@ -265,13 +279,6 @@ def discard(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: 
             return key, store.remove(key)
     except CairnError as e:
         raise HTTPException(400, f"connection {conn_id!r}: {type(e).__name__}") from None
-
-
-class RequestKind(str, enum.Enum):
-    """What the page may ask of a running step."""
-
-    SUSPEND = "suspend"
-    RESUME = "resume"
 
 
 class AskBody(BaseModel):
@@ -311,16 +318,10 @@ def ask(dag_id: str, task_id: str, run_id: str, map_index: int, *, conn_id: str,
     request and the suspension as JSON. HTTPException 404 (unknown key or store) or 409 (not
     running, done, not suspended), and then nothing was written."""
     from cairn.exceptions import CairnError, ConfigError, NotFound
-    from cairn_airflow.task_keys import task_key
 
-    key = task_key({"ti": SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id,
-                                          map_index=map_index)})
+    key = ti_key(dag_id, task_id, run_id, map_index)
     label = f"connection {conn_id}"
-    try:
-        config = _store_config(conn_id)
-    except CairnError as e:
-        raise HTTPException(400, f"connection {conn_id!r} is unusable ({type(e).__name__})"
-                            ) from None
+    config = usable_store_config(conn_id)
     try:
         with open_config_store(config) as store:
             if kind is RequestKind.SUSPEND:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from cairn.exceptions import CorruptSnapshot, StoreError
-from cairn.store import Key, Record, RecordKind, Store, try_summaries
+from cairn.store import Key, Record, RecordKind, Store, parse_timestamp, try_summaries
 
 
 @dataclass(frozen=True)
@@ -140,11 +140,6 @@ class TaskReport:
         return asdict(self)
 
 
-def parse_time(text: str) -> datetime:
-    """A record's ``created_at`` (``2026-11-29T22:04:04.123456Z``) as an aware datetime."""
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
-
-
 def _since_last_done(records: Sequence[Record]) -> tuple[list[Record], bool]:
     """The records of the current cycle: after the last ``done`` that is not the tail, or all
     of them. A ``done`` at the tail ends the cycle it closes, which is still shown."""
@@ -165,7 +160,7 @@ def _seconds_per_step(snaps: Sequence[Record]) -> float | None:
             continue
         if a.manifest.step is None or b.manifest.step is None or b.manifest.step <= a.manifest.step:
             continue
-        dt = (parse_time(b.created_at) - parse_time(a.created_at)).total_seconds()
+        dt = parse_timestamp(b.created_at) - parse_timestamp(a.created_at)
         if dt > 0:
             rates.append(dt / (b.manifest.step - a.manifest.step))
     return statistics.median(rates) if rates else None
@@ -201,14 +196,15 @@ def _snapshot_rows(store: Store, key: Key, snaps: Sequence[Record], *,
     return rows
 
 
-def _match_try(opened: datetime, tries: Sequence[AirflowTry]) -> AirflowTry | None:
-    """The Airflow try whose run time holds the moment the attempt opened."""
+def _match_try(opened: float, tries: Sequence[AirflowTry]) -> AirflowTry | None:
+    """The Airflow try whose run time holds the moment the attempt opened (seconds since the
+    Unix epoch)."""
     now = datetime.now(timezone.utc)
     for t in sorted(tries, key=lambda t: t.try_number, reverse=True):
         if t.start_date is None:
             continue
         end = t.end_date or now
-        if t.start_date <= opened <= end:
+        if t.start_date.timestamp() <= opened <= end.timestamp():
             return t
     return None
 
@@ -248,7 +244,7 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
                  if v.seconds_per_step is not None]
         per_step = statistics.median(paces) if paces else None
     step_of = {r.seq: r.manifest.step for r in snaps if r.manifest is not None}
-    origin = parse_time(cycle[0].created_at) if cycle else parse_time(records[0].created_at)
+    origin = parse_timestamp((cycle or records)[0].created_at)
     notes: list[str] = []
 
     tries: list[TryRow] = []
@@ -274,14 +270,14 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
             ended = f"followed by epoch {opens[i + 1].seq}"
         else:
             ended = "no done record"
-        opened = parse_time(rec.created_at)
+        opened = parse_timestamp(rec.created_at)
         matched = _match_try(opened, tries_list)
         if resumed_from is not None and resumed_step is None:
             notes.append(f"epoch {rec.seq} resumed from seq {resumed_from}, which retention "
                          "has removed; its step is unknown")
         if isinstance(resumed_step, int):
             total_saved += resumed_step + 1
-            resumes.append(Resume(t=(opened - origin).total_seconds(), step=resumed_step,
+            resumes.append(Resume(t=opened - origin, step=resumed_step,
                                   epoch=rec.seq, from_seq=int(resumed_from)))
         tries.append(TryRow(
             epoch=rec.seq, opened_at=rec.created_at,
@@ -298,7 +294,7 @@ def build_report(store: Store, key: Key, *, deep: bool = False,
             airflow_try=matched.try_number if matched else None,
             airflow_state=matched.state if matched else None))
 
-    points = tuple(Point(t=(parse_time(r.created_at) - origin).total_seconds(),
+    points = tuple(Point(t=parse_timestamp(r.created_at) - origin,
                          step=r.manifest.step, epoch=r.epoch, seq=r.seq)
                    for r in snaps if r.manifest is not None and r.manifest.step is not None)
     if done:
