@@ -128,9 +128,9 @@ def after_cause(end: TryEnd, cause: Cause | None) -> TryEnd:
 
 
 def try_exit_code(error: BaseException) -> int | None:
-    """The code a step's container exits with when its loop ended with ``error``: 75/76 for a
-    preemption, 77 a suspension, 5 a fence, 8 a restore that failed on this side, so that its
-    orchestrator can tell them from the step's own errors; None for any other error (which
-    exits as Python does)."""
+    """The code a step's container exits with when its loop ended with ``error`` (a
+    preemption, a suspension, a fence, a restore that failed on this side: the codes of
+    :mod:`cairn.runtime.exits`), so that its orchestrator can tell them from the step's own
+    errors; None for any other error (which exits as Python does)."""
     code = conclude(end_of_error(error)).exit_code
     return None if code is None else int(code)

@@ -37,9 +37,10 @@ Fencing raises at once.
 Suspend requests (``cairn suspend``, :mod:`cairn.runtime.suspend`): ``step()`` looks for one
 every ``suspend_poll_seconds`` (default ``$CAIRN_SUSPEND_POLL``, 5 s) and, at the first step
 after it arrives, takes a final snapshot, records the ``suspended`` outcome and raises
-:class:`~cairn.exceptions.Suspended` (a script that lets it propagate exits 77). So a suspend
-is honoured within the poll interval + one step + the final snapshot. ``restore()`` raises it
-at once, opening nothing, while the key is held suspended (no ``cairn resume`` yet).
+:class:`~cairn.exceptions.Suspended` (a script that lets it propagate exits ``suspended``,
+:mod:`cairn.runtime.exits`). So a suspend is honoured within the poll interval + one step +
+the final snapshot. ``restore()`` raises it at once, opening nothing, while the key is held
+suspended (no ``cairn resume`` yet).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from cairn.state.triggers import (
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, SnapshotInfo, Store
 from cairn.store.slotlog import RecordKind
+from cairn.store.timestamps import parse_timestamp
 from cairn.store.verdicts import reading, restore_failed_exit
 
 __all__ = ["Checkpointer", "PersistMode", "SnapshotPolicy", "WhenBusy", "load_state",
@@ -309,8 +311,9 @@ class Checkpointer:
 
     @property
     def mtbf_s(self) -> float | None:
-        """Observed time between preemptions of this key (its attempts so far); None with
-        fewer than two. Read from the key's log the first time it is needed."""
+        """Observed time between restarts of this key, whatever their cause (its attempts so
+        far: :func:`_observed_mtbf`); None with fewer than two. Read from the key's log the
+        first time it is needed."""
         if not self._mtbf_known:
             self._require_restored()
             self._mtbf, self._mtbf_known = _observed_mtbf(self.store, self.key), True
@@ -386,7 +389,7 @@ class Checkpointer:
         """A notice arrived: snapshot if the measured cost fits what is left (the session
         decides), then hand the signal on (to the handler installed before ours; where that
         was the default action, by raising :class:`~cairn.exceptions.PreemptedExit`: exit
-        75/76); or, when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR
+        preempted, :mod:`cairn.runtime.exits`); or, when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR
         0028), record the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended`
         instead."""
         assert self._notice is not None
@@ -417,7 +420,7 @@ class Checkpointer:
             raise evicted
         message = f"{name} received; " + (f"final snapshot seq {seq} holds step {step}"
                                           if seq is not None else "no final snapshot")
-        if self._notice.hand_on():  # no handler before ours: exit 75/76, as cairn run does
+        if self._notice.hand_on():  # no handler before ours: exit as cairn run does
             error = PreemptedExit(message, seq=seq, code=int(exits.preempted_code(seq)))
             self.session.end(session.end_of_error(error))
             raise error
@@ -659,17 +662,17 @@ class _StateSnapshotter:
 
 
 def _observed_mtbf(store: Store, key: Key) -> float | None:
-    """Seconds between this key's attempts so far (each retry follows a failure or
-    preemption), or None with fewer than two attempts."""
-    from datetime import datetime
-
+    """Mean wall time in seconds between this key's attempt starts (its ``open`` records):
+    every restart counts, whatever ended the try before it (a preemption, the step's own crash,
+    a kill that left no outcome record), and so does the time between tries. None with fewer
+    than two attempts. Not :mod:`cairn.policy`'s λ, which counts only the capacity's
+    interruptions (outcome records) per hour run on one option, with a prior, to compare
+    options."""
     opens = [r.created_at for r in store.history(key) if r.kind is RecordKind.OPEN]
     if len(opens) < 2:
         return None
     try:
-        first = datetime.fromisoformat(opens[0].replace("Z", "+00:00"))
-        last = datetime.fromisoformat(opens[-1].replace("Z", "+00:00"))
+        span = parse_timestamp(opens[-1]) - parse_timestamp(opens[0])
     except ValueError:
         return None
-    span = (last - first).total_seconds()
     return span / (len(opens) - 1) if span > 0 else None
