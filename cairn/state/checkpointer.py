@@ -389,9 +389,9 @@ class Checkpointer:
         """A notice arrived: snapshot if the measured cost fits what is left (the session
         decides), then hand the signal on (to the handler installed before ours; where that
         was the default action, by raising :class:`~cairn.exceptions.PreemptedExit`: exit
-        preempted, :mod:`cairn.runtime.exits`); or, when the pod's sidecar says its Job was suspended (a Kueue eviction, ADR
-        0028), record the ``suspended`` outcome and raise :class:`~cairn.exceptions.Suspended`
-        instead."""
+        preempted, :mod:`cairn.runtime.exits`); or, when the pod's sidecar says its Job was
+        suspended (a Kueue eviction, ADR 0028), record the ``suspended`` outcome and raise
+        :class:`~cairn.exceptions.Suspended` instead."""
         assert self._notice is not None
         remaining = self._notice.remaining()
         name = self._notice.describe()
