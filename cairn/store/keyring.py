@@ -24,9 +24,6 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from cairn.exceptions import AlreadyExists, CairnError, ConfigError, NotFound
 from cairn.store.backend import Backend
 from cairn.store.sealing import (
@@ -34,7 +31,9 @@ from cairn.store.sealing import (
     NONCE_BYTES,
     DataKey,
     Sealer,
+    invalid_tag,
     is_key_id,
+    new_aead,
     new_key,
     new_key_id,
 )
@@ -88,12 +87,12 @@ class Secret:
 
     def wrap(self, data: bytes, ad: bytes) -> bytes:
         nonce = os.urandom(NONCE_BYTES)
-        return nonce + AESGCM(self.key).encrypt(nonce, data, ad)
+        return nonce + new_aead(self.key).encrypt(nonce, data, ad)
 
     def unwrap(self, blob: bytes, ad: bytes) -> bytes:
         """Raises :class:`cryptography.exceptions.InvalidTag` when ``blob`` is not this
         secret's wrapping of something under ``ad``."""
-        return AESGCM(self.key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], ad)
+        return new_aead(self.key).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], ad)
 
 
 def new_secret(*, source: str = "memory") -> Secret:
@@ -234,7 +233,7 @@ def _decode(data: bytes, *, seq: int, store_id: str, secret: KeyEncryptionKey) -
     try:
         plain = secret.unwrap(_unb64(outer.get("sealed"), "sealed"),
                               _ad(store_id, record_name(seq)))
-    except InvalidTag:
+    except invalid_tag():
         raise ValueError("it failed authentication with this secret (tampered with, or "
                          "moved from another seq or store)") from None
     doc: Any = json.loads(plain)
