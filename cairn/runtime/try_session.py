@@ -179,7 +179,6 @@ class TrySession:
         self._clock = clock
         self._last_taken: float | None = None  # when the interval last restarted
         self.conclusion: Conclusion | None = None
-        self.ended: TryEnd | None = None
 
     # -- phases ---------------------------------------------------------------------------
 
@@ -277,6 +276,5 @@ class TrySession:
         """Conclude the try: its exit code and outcome (:func:`cairn.runtime.session.conclude`,
         the one mapping). Once per try."""
         self._move(Phase.ENDED)
-        self.ended = end
         self.conclusion = conclude(end)
         return self.conclusion

@@ -132,7 +132,6 @@ class Checkpointer:
         self.extras: dict[str, Any] = {}
         self.restored_from: Manifest | None = None
         self.last_snapshot: Manifest | None = None
-        self._last_time = time.monotonic()
         self._last_step: int | None = None
         self._preemption = preemption
         self._notice: PreemptionNotice | None = None
@@ -505,9 +504,8 @@ class Checkpointer:
         tree = capture.gather(self._targets, step=step, extras=self.extras)
         if self.persist_mode is PersistMode.INLINE:
             manifest = save_state(self._attempt, tree, step=step)
-            self._last_time = time.monotonic()
             self.session.snapshot_taken()
-            self.last_stall_s = self._last_time - started
+            self.last_stall_s = time.monotonic() - started
             self._record_cost(self.last_stall_s)
             self.last_snapshot = manifest
             self.committed_seq, self.committed_step = manifest.seq, step
@@ -522,13 +520,12 @@ class Checkpointer:
         staged = self._persister.stage(tree, step, group=self._group,
                                        skip_when_busy=self.when_busy is WhenBusy.SKIP,
                                        collect=self._collect)
-        if not staged:
-            self.skipped += 1
-        self._last_time = time.monotonic()
+        staged_at = time.monotonic()
         self.session.snapshot_taken()
         if not staged:
+            self.skipped += 1
             return None
-        self.last_stall_s = self._last_time - started
+        self.last_stall_s = staged_at - started
         self._last_step = step
         if not wait:
             return None
