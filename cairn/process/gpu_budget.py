@@ -10,7 +10,6 @@ could ever fit it.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +38,9 @@ def estimate(gpu_bytes: int, history: Iterable[Mapping[str, Any]]) -> CopyEstima
     ``gpu_bytes`` and ``gpu_checkpoint_s`` count)."""
     rates = [h["gpu_bytes"] / h["gpu_checkpoint_s"] for h in history
              if (h.get("gpu_bytes") or 0) > 0 and (h.get("gpu_checkpoint_s") or 0) > 0]
+    # statistics (and decimal, which it imports) only here: 7 ms of `cairn run`'s cold start.
+    import statistics
+
     rate = statistics.median(rates) if rates else DEFAULT_D2H_BYTES_PER_S
     return CopyEstimate(gpu_bytes / rate, rate, bool(rates))
 

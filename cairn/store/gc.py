@@ -102,8 +102,12 @@ def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
                 # Its snapshot cannot be restored anyway; say so rather than keep its packs.
                 report.unreadable_records.append(f"{path} seq {seq}: {e}")
                 continue
-            if record.manifest is not None:
+            if record.manifest is None:
+                continue
+            try:
                 referenced |= record.manifest.packs()
+            except CorruptSnapshot as e:  # a chunk table that does not decode (ADR 0044)
+                report.unreadable_records.append(f"{path} seq {seq}: {e}")
     for info in packs:
         if info.name in referenced:
             report.packs_referenced += 1

@@ -22,11 +22,13 @@ Schema ``cairn.manifest/1`` (still read) had no ``packs`` and each chunk as
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from cairn.exceptions import CorruptSnapshot
 from cairn.store import chunktable
@@ -48,12 +50,84 @@ class SnapshotMode(str, enum.Enum):
     STATE = "state"  # framework state (torch)
 
 
-@dataclass(frozen=True)
+class _Table(NamedTuple):
+    """A schema-2 chunk table as the manifest holds it, decoded at first use."""
+
+    text: object
+    packs: list[str]
+    seq: int | None
+
+
 class FileEntry:
+    """One file of a snapshot: its path, size, recorded mode and chunks.
+
+    Immutable. A file parsed from a schema-2 manifest keeps its chunk table as text until
+    :attr:`chunks` is first read (ADR 0044): a try's start parses every kept snapshot's
+    manifest to choose one, and decoding a 1 GiB image's ~29,000 chunk references took
+    most of that time for snapshots it then never read. The first read decodes and
+    validates the table (every field in range, the chunks adding up to ``size``) and
+    raises :class:`CorruptSnapshot` naming the seq when it does not; so a snapshot whose
+    table is bad is skipped wherever its chunks are first looked at (``Store.latest_good``
+    checks every chunk's pack before it returns a manifest). Any thread may read it; two
+    that decode at once get equal tuples.
+    """
+
+    __slots__ = ("path", "size", "mode", "_chunks", "_table")
+
     path: str
     size: int
-    chunks: tuple[ChunkRef, ...]
-    mode: int | None = None  # as recorded; a restore applies ``mode & 0o777`` only
+    mode: int | None  # as recorded; a restore applies ``mode & 0o777`` only
+
+    def __init__(self, path: str, size: int, chunks: tuple[ChunkRef, ...] | None = None,
+                 mode: int | None = None, *, table: _Table | None = None) -> None:
+        if (chunks is None) == (table is None):
+            raise TypeError("a FileEntry needs its chunks or its table, not both")
+        set_ = object.__setattr__
+        set_(self, "path", path)
+        set_(self, "size", size)
+        set_(self, "mode", mode)
+        set_(self, "_chunks", chunks)
+        set_(self, "_table", table)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"FileEntry is immutable; cannot set {name!r}")
+
+    @property
+    def chunks(self) -> tuple[ChunkRef, ...]:
+        chunks = self._chunks
+        if chunks is None:
+            chunks = self._decode()
+            object.__setattr__(self, "_chunks", chunks)
+        return chunks
+
+    def _decode(self) -> tuple[ChunkRef, ...]:
+        table = self._table
+        assert table is not None
+        try:
+            chunks = tuple(_table_chunks(table.text, table.packs, self.path))
+            total = sum(chunk.size for chunk in chunks)
+            _expect(total == self.size,
+                    f"chunks of {self.path} add up to {total} bytes, not {self.size}")
+        except ValueError as e:
+            raise CorruptSnapshot(_invalid(table.seq, e), seq=table.seq) from None
+        return chunks
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileEntry):
+            return NotImplemented
+        return ((self.path, self.size, self.mode, self.chunks)
+                == (other.path, other.size, other.mode, other.chunks))
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.size, self.mode))
+
+    def __repr__(self) -> str:
+        chunks = (f"{len(self._chunks)} chunks" if self._chunks is not None
+                  else "chunks not decoded yet")
+        return f"FileEntry(path={self.path!r}, size={self.size}, mode={self.mode!r}, {chunks})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FileEntry, (self.path, self.size, self.chunks, self.mode))
 
     def to_json(self, pack_index: dict[str, int]) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "size": self.size}
@@ -92,16 +166,39 @@ class Manifest:
     def step(self) -> int | None:
         return self.metadata.get("step")
 
+    def decoded(self) -> Manifest:
+        """This manifest after decoding every file's chunk table now (they are decoded at
+        first use otherwise); raises :class:`CorruptSnapshot` for a table that is bad."""
+        for entry in self.files:
+            entry.chunks
+        return self
+
     def chunk_refs(self) -> Iterator[ChunkRef]:
         for entry in self.files:
             yield from entry.chunks
 
     def packs(self) -> set[str]:
         """Every pack a restore of this snapshot reads (deltas' bases included)."""
-        out: set[str] = set()
+        return set(self.pack_ends)
+
+    @functools.cached_property
+    def pack_ends(self) -> Mapping[str, int]:
+        """Every pack a restore reads, to the end of the last stored byte it reads there
+        (chunk bytes; a sealed pack's tag comes after). Computed once per manifest: a try's
+        start computes it while the host checks run (``Store.check_present`` reads it)."""
+        ends: dict[str, int] = {}
+        get = ends.get
         for chunk in self.chunk_refs():
-            out.update(chunk.packs())
-        return out
+            # Hot loop (29,000 chunks for 1 GiB): a full chunk's one extent inline.
+            if not chunk.delta_mask:
+                end = chunk.offset + chunk.size
+                if end > get(chunk.pack, 0):
+                    ends[chunk.pack] = end
+                continue
+            for pack, offset, length in chunk.extents():
+                if offset + length > get(pack, 0):
+                    ends[pack] = offset + length
+        return MappingProxyType(ends)
 
     def file(self, path: str) -> FileEntry:
         for entry in self.files:
@@ -155,13 +252,16 @@ def _int(value: object, what: str, *, lo: int = 0, hi: int = MAX_FILE_BYTES) -> 
 def manifest_from_json(doc: object, *, seq: int | None = None) -> Manifest:
     """Parse and validate a manifest. Raises :class:`CorruptSnapshot` saying what is wrong."""
     try:
-        return _parse(doc)
+        return _parse(doc, seq)
     except (ValueError, TypeError, KeyError) as e:
-        raise CorruptSnapshot(f"manifest{'' if seq is None else f' of seq {seq}'} is invalid: {e}",
-                              seq=seq) from None
+        raise CorruptSnapshot(_invalid(seq, e), seq=seq) from None
 
 
-def _parse(doc: object) -> Manifest:
+def _invalid(seq: int | None, error: Exception) -> str:
+    return f"manifest{'' if seq is None else f' of seq {seq}'} is invalid: {error}"
+
+
+def _parse(doc: object, seq: int | None) -> Manifest:
     _expect(isinstance(doc, dict), "manifest is not a JSON object")
     assert isinstance(doc, dict)
     schema = doc.get("schema")
@@ -198,9 +298,11 @@ def _parse(doc: object) -> Manifest:
             # every restore applies only the 0o777 bits (cairn.store.confined.masked_mode).
             mode = _int(mode, f"mode of {path}", hi=0o7777)
         if schema == MANIFEST_SCHEMA:
-            chunks = _table_chunks(raw["chunks"], packs, path)
-        else:
-            chunks = _v1_chunks(raw["chunks"], path)
+            text = raw["chunks"]
+            _expect(isinstance(text, str), f"chunks of {path}: the chunk table is not text")
+            files.append(FileEntry(path, size, mode=mode, table=_Table(text, packs, seq)))
+            continue
+        chunks = _v1_chunks(raw["chunks"], path)
         total = sum(chunk.size for chunk in chunks)
         _expect(total == size, f"chunks of {path} add up to {total} bytes, not {size}")
         files.append(FileEntry(path, size, tuple(chunks), mode))

@@ -21,17 +21,19 @@ Rules:
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import logging
 import os
 import socket
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from cairn.exceptions import AlreadyExists, CorruptSnapshot, Fenced, NotFound, StoreError
 from cairn.store.backend import Backend
+from cairn.store.hashing import digest
 from cairn.store.keys import Key
 from cairn.store.manifest import Manifest, dumps, manifest_from_json
 from cairn.store.timestamps import format_timestamp
@@ -151,16 +153,36 @@ def decode_record(data: bytes, *, seq: int) -> Record:
     return record
 
 
-@functools.lru_cache(maxsize=4)
+# Snapshot records remembered by content (below): more than the three a key keeps, so a
+# start that lists the log three times parses each once, however many tries' open records
+# lie between them.
+_CACHE_RECORDS = 8
+_cache: OrderedDict[tuple[str, int], Record] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def _decoded(data: bytes, seq: int) -> Record:
-    """:func:`decode_record`, remembered by the record's bytes: a try's start reads the same
-    few records three times (the parent, the previous try's summary, the snapshots to
-    restore), and a 1 GiB process image's manifest takes ~0.1 s to parse. Four: the three
-    snapshots a key keeps and one more, so memory stays bounded by a few manifests however
-    many keys a process lists. Keyed by the bytes, never by the name, so a record read again
-    is the record as stored now; a record that does not decode raises every time (exceptions
-    are not remembered)."""
-    return decode_record(data, seq=seq)
+    """:func:`decode_record`, remembered by the record's content: a try's start reads the
+    same records three times (the parent, the previous try's summary, the snapshots to
+    restore), and a 1 GiB process image's manifest is 1.6 MB of JSON. Keyed by the bytes'
+    digest, never by the name, so a record read again is the record as stored now; a record
+    that does not decode raises every time (failures are not remembered). The manifests'
+    chunk tables are decoded only when read (:class:`~cairn.store.manifest.FileEntry`), so
+    memory stays bounded by a few records' JSON. Thread-safe."""
+    name = (digest(data), seq)
+    with _cache_lock:
+        record = _cache.get(name)
+        if record is not None:
+            _cache.move_to_end(name)
+            return record
+    record = decode_record(data, seq=seq)
+    if record.manifest is None:
+        return record  # small: parsed again each time, never pushing a snapshot out
+    with _cache_lock:
+        _cache[name] = record
+        while len(_cache) > _CACHE_RECORDS:
+            _cache.popitem(last=False)
+    return record
 
 
 class SlotLog:

@@ -365,7 +365,7 @@ class Store:
         candidates = [attempt_log.last_seq] + ([parent_seq] if parent_seq is not None else [])
         for seq in candidates:
             try:
-                parent = self.manifest(key, seq)
+                parent = self.manifest(key, seq).decoded()
                 break
             except (NotFound, CorruptSnapshot):
                 continue
@@ -403,18 +403,25 @@ class Store:
                               prefetch=self.settings.read_prefetch, sealer=self.sealer)
 
     def check_present(self, manifest: Manifest) -> None:
-        """Cheap structural check: every pack exists and is long enough for its chunks."""
-        needed: dict[str, int] = {}
+        """Cheap structural check: every pack exists and is long enough for its chunks.
+
+        The packs are looked up on the store's pool, all at once: one after the other they
+        cost a round trip each on a bucket, and a cold inode read each on a local disk
+        (35 packs of a 1 GiB image: ~45 ms here). Not to be called from the pool itself."""
         tail = TAG_BYTES if self.sealer is not None else 0
-        for chunk in manifest.chunk_refs():
-            for pack, offset, length in chunk.extents():
-                needed[pack] = max(needed.get(pack, 0), offset + length + tail)
-        for pack, end in needed.items():
+        ends = manifest.pack_ends
+
+        def size_of(pack: str) -> int | None:
             try:
-                size = self.backend.stat(pack).size
+                return self.backend.stat(pack).size
             except NotFound:
+                return None
+
+        for (pack, last), size in zip(ends.items(), self.pool.map(size_of, ends)):
+            end = last + tail
+            if size is None:
                 raise CorruptSnapshot(f"snapshot seq {manifest.seq}: pack {pack} is missing",
-                                      seq=manifest.seq) from None
+                                      seq=manifest.seq)
             if size < end:
                 raise CorruptSnapshot(f"snapshot seq {manifest.seq}: pack {pack} is truncated "
                                       f"({size} < {end} bytes)", seq=manifest.seq)
@@ -479,8 +486,13 @@ class Store:
         report = VerifyReport(key)
         checked = {} if checked is None else checked
         for info in self.snapshots(key):
+            try:
+                chunks = list(info.manifest.chunk_refs())
+            except CorruptSnapshot as e:  # a chunk table that does not decode (ADR 0044)
+                report.results[info.seq] = str(e)
+                continue
             reason = None
-            for chunk in info.manifest.chunk_refs():
+            for chunk in chunks:
                 ident = (chunk.pack, chunk.offset, chunk.digest)
                 if ident not in checked:
                     checked[ident] = self._verify_chunk(chunk, progress)

@@ -3,6 +3,7 @@ back to the previous good one; a bad chunk every snapshot shares is named with i
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 
@@ -51,7 +52,19 @@ def garble(store: Store, m: list[Manifest]) -> None:
     tamper.overwrite(store.backend, record_name(KEY.path, m[2].seq), b'{"schema": "cairn.rec')
 
 
-@pytest.mark.parametrize("damage", [flip, truncate, delete, garble], ids=lambda f: f.__name__)
+def swap_tables(store: Store, m: list[Manifest]) -> None:
+    """The newest record rewritten with its two files' chunk tables swapped, as a writer
+    holding the store's secret could: every table decodes, but no file's chunks add up to its
+    size. The record parses (tables are decoded at first use, ADR 0044); its chunks do not."""
+    name = record_name(KEY.path, m[2].seq)
+    doc = json.loads(json.dumps(store.log(KEY).read(m[2].seq).body))
+    files = doc["manifest"]["files"]
+    files[0]["chunks"], files[1]["chunks"] = files[1]["chunks"], files[0]["chunks"]
+    tamper.overwrite_record(store, name, json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("damage", [flip, truncate, delete, garble, swap_tables],
+                         ids=lambda f: f.__name__)
 def test_damage_unique_to_newest_falls_back_to_previous(store: Store, tmp_path,
                                                         damage: Callable[[Store, list[Manifest]], None]) -> None:
     m = three_snapshots(store)

@@ -117,8 +117,40 @@ def test_schema_2_pack_lists_are_checked(packs: object, message: str) -> None:
         manifest_from_json(doc)
 
 
-def test_a_schema_2_table_naming_a_pack_past_the_list_is_rejected() -> None:
+def test_a_schema_2_table_naming_a_pack_past_the_list_is_rejected_when_first_read() -> None:
     doc = delta_manifest().to_json()
     doc["packs"] = doc["packs"][:1]
+    manifest = manifest_from_json(doc, seq=4)  # tables are decoded at first use (ADR 0044)
+    for _ in range(2):  # a table that failed is not remembered as good
+        with pytest.raises(CorruptSnapshot, match="names pack 1 of 1") as err:
+            list(manifest.chunk_refs())
+        assert err.value.seq == 4
     with pytest.raises(CorruptSnapshot, match="names pack 1 of 1"):
-        manifest_from_json(doc, seq=4)
+        manifest.packs()
+
+
+def test_a_schema_2_table_whose_chunks_do_not_add_up_is_rejected_when_first_read() -> None:
+    doc = delta_manifest().to_json()
+    doc["files"][0]["size"] += 4096
+    manifest = manifest_from_json(doc, seq=4)
+    with pytest.raises(CorruptSnapshot, match="add up to 24576 bytes, not 28672") as err:
+        manifest.files[0].chunks
+    assert err.value.seq == 4 and "manifest of seq 4 is invalid" in str(err.value)
+
+
+@pytest.mark.parametrize("table, message", [(7, "not text"), ("!!", "not base64")])
+def test_a_schema_2_table_that_is_not_base64_text(table: object, message: str) -> None:
+    doc = delta_manifest().to_json()
+    doc["files"][0]["chunks"] = table
+    with pytest.raises(CorruptSnapshot, match=message):
+        list(manifest_from_json(doc, seq=4).chunk_refs())
+
+
+def test_a_file_entry_is_immutable_and_equal_by_its_chunks() -> None:
+    manifest = delta_manifest()
+    parsed = manifest_from_json(manifest.to_json())
+    entry = parsed.files[0]
+    assert "not decoded yet" in repr(entry)
+    assert entry == manifest.files[0] and "2 chunks" in repr(entry)
+    with pytest.raises(AttributeError, match="immutable"):
+        entry.size = 1  # type: ignore[misc]
