@@ -107,6 +107,15 @@ def unauthenticated_root_restore(store: Store, *, euid: int | None = None,
             f"docs/encryption.md), or set {env.ALLOW_UNAUTHENTICATED_RESTORE}=1 to accept that")
 
 
+def _took_against_expected(took_s: float | None, cost: Cost | None) -> str:
+    """What the final snapshot took beside what the budget expected (users size the grace
+    by it; the final-snapshot bench reads it)."""
+    took = "?" if took_s is None else f"{took_s:.2f}s"
+    if cost is None:
+        return took
+    return f"{took} (expected {cost.seconds:.2f}s: {cost.basis})"
+
+
 class ProcessSnapshotter:
     """Process mode's side of the try session (:class:`cairn.runtime.try_session.Snapshotter`):
     a CRIU dump of the workload."""
@@ -506,8 +515,9 @@ class Supervisor:
                             "the budget ran out (the sidecar carries on; until it commits, %s); "
                             "exiting %d", name, final.saved.entry, kept_text, code)
             return saved_end
-        log.warning("%s: final snapshot seq %d committed; exiting %d so the orchestrator "
-                    "retries and resumes", name, final.saved.seq, code)
+        log.warning("%s: final snapshot seq %d committed in %s; exiting %d so the "
+                    "orchestrator retries and resumes", name, final.saved.seq,
+                    _took_against_expected(self.ctx.cost.seconds, final.cost), code)
         return saved_end
 
     def _ask_cause(self) -> None:
