@@ -187,9 +187,10 @@ class Dumper:
                     roots=self.ctx.track_roots)
                 handed = True
                 return self._spooled(entry, started, dumped, staged, frozen_us, gpu_figures)
+            # A dump that ends the workload is the try's last snapshot.
             report = snap_mod.ingest(self.ctx.attempt, image_dir, tracked_paths=tracked,
-                                     roots=self.ctx.track_roots,
-                                     compat=compat, info=info)
+                                     roots=self.ctx.track_roots, compat=compat, info=info,
+                                     last=not leave_running)
         except Fenced:
             raise
         except (CairnError, OSError) as e:

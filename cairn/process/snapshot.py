@@ -133,23 +133,25 @@ def directory_bytes(path: str) -> int:
 
 def ingest(attempt: Any, image_dir: str, *, tracked_paths: list[str],
            compat: Mapping[str, Any], info: Mapping[str, Any],
-           roots: Sequence[str] | None = None) -> IngestReport:
+           roots: Sequence[str] | None = None, last: bool = False) -> IngestReport:
     """Commit the dump in ``image_dir`` plus the tracked files as the attempt's next snapshot.
 
     Durable when it returns. A tracked file is read up to its dumped size even if it grew
     since (the workload may be running again). Every tracked file must lie under ``roots``
     (default: :func:`track_roots` with the run directory holding ``image_dir``), else
-    NotSnapshottable names the fix and nothing is committed."""
+    NotSnapshottable names the fix and nothing is committed. ``last``: the try's final
+    snapshot (no page hashes for a next one: :class:`~cairn.store.writer.SnapshotWriter`)."""
     if roots is None:
         roots = track_roots(log_dir=_run_dir_of(image_dir))
     tracked = tracked_sizes(read_reg_files(image_dir), tracked_paths, roots=roots)
     return commit_dump(attempt, image_dir, tracked=tracked,
-                       sources=[t.path for t in tracked], compat=compat, info=info)
+                       sources=[t.path for t in tracked], compat=compat, info=info, last=last)
 
 
 def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
                 sources: Sequence[str], compat: Mapping[str, Any], info: Mapping[str, Any],
-                before_commit: Callable[[], None] | None = None) -> IngestReport:
+                before_commit: Callable[[], None] | None = None,
+                last: bool = False) -> IngestReport:
     """Commit the dump in ``image_dir`` as the attempt's next snapshot, each tracked file read
     from the matching entry of ``sources`` (its live path, or a copy in a spool entry) up to
     its dumped size; the manifest records the tracked files' original paths.
@@ -161,7 +163,7 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
     stats = read_dump_stats(image_dir)
     layout = pages_layout_by_file(image_dir)
     image_bytes = 0
-    with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
+    with attempt.snapshot(mode=SnapshotMode.PROCESS, last=last) as snap:
         for name in sorted(os.listdir(image_dir)):
             path = os.path.join(image_dir, name)
             if name == criu_mod.DUMP_LOG or not os.path.isfile(path):

@@ -93,9 +93,12 @@ class Attempt:
             del self.known_chunks[digest]
 
     def snapshot(self, *, mode: SnapshotMode = SnapshotMode.FILES,
-                 progress: ProgressCallback | None = None) -> SnapshotWriter:
-        """Begin the next snapshot; its parent is the last one committed or restored."""
-        return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress)
+                 progress: ProgressCallback | None = None, last: bool = False
+                 ) -> SnapshotWriter:
+        """Begin the next snapshot; its parent is the last one committed or restored.
+        ``last``: no snapshot of this attempt follows it (:class:`SnapshotWriter`)."""
+        return SnapshotWriter(self, mode=mode, parent=self.parent, progress=progress,
+                              last=last)
 
     def resume_from(self, manifest: Manifest) -> None:
         """Make ``manifest`` (the snapshot actually restored) the parent of the next snapshot,

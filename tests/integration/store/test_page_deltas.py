@@ -25,9 +25,10 @@ def image(seed: int) -> bytearray:
     return bytearray(random.Random(seed).randbytes(CHUNKS * CHUNK))
 
 
-def commit(attempt, data: bytes, step: int, *, locators: bool = True) -> Manifest:  # noqa: ANN001
+def commit(attempt, data: bytes, step: int, *, locators: bool = True,  # noqa: ANN001
+           last: bool = False) -> Manifest:
     cuts = list(range(0, len(data), CHUNK))
-    with attempt.snapshot() as snap:
+    with attempt.snapshot(last=last) as snap:
         snap.add_bytes("meta.json", b'{"small": true}')
         snap.add_bytes(PATH, data, cuts=cuts,
                        locators=[0x7F0000000000 + c for c in cuts] if locators else None)
@@ -95,6 +96,23 @@ def test_a_third_snapshot_takes_its_delta_against_the_full_chunk_not_the_delta(
     assert (chunk.base_pack, chunk.base_offset) == (first.file(PATH).chunks[0].pack,
                                                     first.file(PATH).chunks[0].offset)
     assert bytes(store.reader(third).read_file(PATH)) == data
+
+
+def test_a_last_snapshot_uses_deltas_but_leaves_none_for_a_snapshot_after_it(
+        store: Store) -> None:
+    """``last=True`` (a try's final snapshot): its changed chunks are still stored as deltas
+    of the parent's, but it computes no page hashes of its own new chunks, so a snapshot
+    that does follow it (which a final one never has) writes changed chunks whole."""
+    attempt = store.open_attempt(KEY)
+    data = image(4)
+    commit(attempt, data, 1)
+    data = scatter(data, [3], 11)
+    final = commit(attempt, data, 2, last=True)
+    assert final.file(PATH).chunks[0].is_delta and final.bytes_written == DELTA_PAGE
+    data = scatter(data, [40], 12)  # chunk 5, unchanged in the last snapshot: no page hashes
+    after = commit(attempt, data, 3)
+    assert not after.file(PATH).chunks[5].is_delta and after.bytes_written == CHUNK
+    assert bytes(store.reader(after).read_file(PATH)) == data
 
 
 def test_without_locators_nothing_is_a_delta(store: Store) -> None:

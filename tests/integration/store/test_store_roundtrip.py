@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import threading
 
 import pytest
 
@@ -62,6 +63,66 @@ def test_stream_shorter_than_declared_is_an_error(store: Store) -> None:
     attempt = store.open_attempt(KEY)
     with attempt.snapshot() as snap, pytest.raises(ConfigError, match="declared"):
         snap.add_stream("x", io.BytesIO(b"abc"), size=10, cuts=[2])
+
+
+class _Trickle(io.RawIOBase):
+    """A stream that hands out at most ``piece`` bytes per read and may fail at ``fail_at``."""
+
+    def __init__(self, data: bytes, *, piece: int = 100_000, fail_at: int | None = None) -> None:
+        self._data, self._at, self._piece, self._fail_at = data, 0, piece, fail_at
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, view) -> int:  # noqa: ANN001
+        if self._fail_at is not None and self._at >= self._fail_at:
+            raise OSError(5, "Input/output error (a failing disk under the stream)")
+        n = min(len(view), self._piece, len(self._data) - self._at)
+        view[:n] = self._data[self._at:self._at + n]
+        self._at += n
+        return n
+
+
+def _read_ahead_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "cairn-read-ahead"]
+
+
+BIG = 9 * (1 << 20) + 12_345  # past READ_AHEAD_MIN_BYTES: read a window ahead on a thread
+
+
+def test_a_large_stream_is_chunked_and_named_as_the_same_bytes_added_whole(store: Store) -> None:
+    data = payload(11, BIG)
+    cuts = [1000, 3 * (1 << 20) + 7, 9 * (1 << 20)]
+    locators = [f"segment-{i}" for i in range(len(cuts))]
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot(mode=SnapshotMode.PROCESS) as snap:
+        streamed = snap.add_stream("streamed.bin", _Trickle(data), size=len(data), cuts=cuts,
+                                   locators=locators)
+        whole = snap.add_bytes("whole.bin", data, cuts=cuts, locators=locators)
+        manifest = snap.commit()
+    assert [(c.digest, c.size) for c in streamed.chunks] == \
+        [(c.digest, c.size) for c in whole.chunks]
+    assert manifest.bytes_written == len(data), "the second copy dedups entirely"
+    assert bytes(store.reader(manifest).read_file("streamed.bin")) == data
+    assert _read_ahead_threads() == []
+
+
+def test_a_large_stream_shorter_than_declared_is_an_error(store: Store) -> None:
+    data = payload(12, BIG)
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap, pytest.raises(ConfigError, match=f"held {BIG - 5} bytes"):
+        snap.add_stream("x", io.BytesIO(data[:-5]), size=BIG, cuts=[1 << 20])
+    assert _read_ahead_threads() == []
+    assert store.snapshots(KEY) == []
+
+
+def test_a_large_stream_whose_read_fails_raises_that_error_and_commits_nothing(
+        store: Store) -> None:
+    attempt = store.open_attempt(KEY)
+    with attempt.snapshot() as snap, pytest.raises(OSError, match="failing disk"):
+        snap.add_stream("x", _Trickle(payload(13, BIG), fail_at=5 << 20), size=BIG)
+    assert _read_ahead_threads() == []
+    assert store.snapshots(KEY) == []
 
 
 def test_later_attempt_resumes_from_latest(store: Store) -> None:
