@@ -177,7 +177,8 @@ class Dumper:
                            "gpu_lock_s": round(gpu_lock_s, 4),
                            "gpu_bytes": self.ctx.gpu_use.total if gpu and self.ctx.gpu_use else 0}
             info = {"root_pid": self.child.pid, "pids": tree, "gpu_pids": gpu,
-                    "leave_running": leave_running, "runtime_s": round(runtime, 3)}
+                    "leave_running": leave_running, "runtime_s": round(runtime, 3),
+                    "dump_s": round(dumped - started, 3)}
             if self.spool is not None and entry is not None:
                 frozen_us = read_dump_stats(image_dir).frozen_us
                 self.spool.spool.hand_off(

@@ -47,6 +47,9 @@ class Restorer:
         self.ctx = ctx
         self.child = child
         self.restored_from: int | None = None
+        # What the restored snapshot cost when it was taken (image bytes per second of dump
+        # and ingest, from its metadata), for a final snapshot before this try measured one.
+        self.restored_rate: float | None = None
         self.restored: restore_mod.Restored | None = None
         self.failed_seqs: set[int] = set()  # lazy restores that failed verification
         # Whether CRIU can serve pages lazily here: probed while the store opens when the
@@ -88,6 +91,7 @@ class Restorer:
                 log.warning("restored snapshot seq %d of key %s (pid %d), %s", manifest.seq,
                             self.ctx.key, self.child.pid, self.restored.how)
                 self.restored_from = manifest.seq
+                self.restored_rate = snap_mod.snapshot_rate(manifest)
                 # Echo from the dumped sizes: the restored workload is already writing.
                 return {t.path: t.size for t in tracked
                         if t.path in (self.ctx.stdout_path, self.ctx.stderr_path)}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,6 +161,7 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
     created; raising from it aborts the snapshot (nothing becomes visible)."""
     if len(sources) != len(tracked):
         raise ValueError("give one source per tracked file")
+    started = time.monotonic()
     stats = read_dump_stats(image_dir)
     layout = pages_layout_by_file(image_dir)
     image_bytes = 0
@@ -179,12 +181,29 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
         user = {"process": {**info, "tracked": [{"path": t.path, "size": t.size} for t in tracked],
                             "frozen_us": stats.frozen_us, "freezing_us": stats.freezing_us,
                             "memdump_us": stats.memdump_us, "memwrite_us": stats.memwrite_us,
-                            "pages_written": stats.pages_written, "image_bytes": image_bytes}}
+                            "pages_written": stats.pages_written, "image_bytes": image_bytes,
+                            # what a later try's final-snapshot budget goes by (dump_s is
+                            # in info, from the dumper)
+                            "ingest_s": round(time.monotonic() - started, 3)}}
         if before_commit is not None:
             before_commit()
         manifest = snap.commit(compat=compat, user=user)
         written = snap.stats.bytes_written
     return IngestReport(manifest, stats.frozen_us, image_bytes, written, tuple(tracked))
+
+
+def snapshot_rate(manifest: Manifest) -> float | None:
+    """The image bytes per second its dump and ingest took when ``manifest`` was taken
+    (recorded since ADR 0045's change; None when not recorded or not plausible)."""
+    info = (manifest.metadata.get("user") or {}).get("process")
+    if not isinstance(info, dict):
+        return None
+    try:
+        seconds = float(info["dump_s"]) + float(info["ingest_s"])
+        image = int(info["image_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return image / seconds if seconds > 0 and image > 0 else None
 
 
 def process_info(manifest: Manifest) -> dict[str, Any]:

@@ -131,9 +131,18 @@ class ProcessSnapshotter:
             return Cost(self.ctx.cost.seconds, "the last snapshot took")
         tree = workload.process_tree(self.child.pid) if self.child.pid else []
         resident = workload.resident_bytes(tree)
-        estimate = estimate_unmeasured(resident)
-        basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
-                 f"{UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
+        rate = self.restorer.restored_rate
+        if rate is not None:
+            # The snapshot this try restored, taken by the try before on (most likely) the
+            # same kind of node: closer than a fixed conservative rate.
+            estimate = resident / rate
+            basis = (f"no snapshot measured in this try; {resident / 1e6:.0f} MB resident at "
+                     f"the {rate / 1e6:.0f} MB/s the restored seq "
+                     f"{self.restorer.restored_from} took is about")
+        else:
+            estimate = estimate_unmeasured(resident)
+            basis = (f"no snapshot measured yet; {resident / 1e6:.0f} MB resident at "
+                     f"{UNMEASURED_BYTES_PER_S / 1e6:.0f} MB/s is about")
         gpu_bytes = gpus_mod.inventory().use_of(tree).total if workload.gpu_pids(tree) else 0
         if gpu_bytes:  # the driver's device-to-host copy comes on top
             copy = gpu_budget.estimate(gpu_bytes, self.ctx.cost.history)

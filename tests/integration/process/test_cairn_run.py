@@ -29,6 +29,7 @@ from tests.support.cairn_run import (
     can_run_criu,
     descendants,
     gone,
+    kill_after_commits,
     metric_steps,
     wait_for,
 )
@@ -148,6 +149,31 @@ def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
     assert first.detail["signal"] == "SIGTERM" and first.detail["exit_code"] == 75
     assert (second.outcome.value, second.detail["resumed_from_seq"]) == ("succeeded", final)
     assert second.epoch > first.epoch
+
+
+def test_a_restored_try_budgets_its_first_final_snapshot_by_what_the_restored_one_took(
+        place: dict[str, Path]) -> None:
+    """Before a try measured a snapshot of its own, its final snapshot's expected cost comes
+    from the rate the restored snapshot was taken at (its dump and ingest seconds, in its
+    metadata), not from the fixed conservative rate a brand-new key has to use."""
+    run = _counter(place, 100000)
+    _after_a_snapshot(run, min_steps=10, metrics=place["metrics"])
+    kill_after_commits(run, len(run.committed()))
+    seq = run.committed()[-1]
+    with open_store(str(place["store"]), create=False) as store:
+        info = store.manifest(Key.parse("dag/task/1"), seq).metadata["user"]["process"]
+    assert info["dump_s"] > 0 and info["ingest_s"] > 0 and info["image_bytes"] > 0, info
+    again = _counter(place, 100000, every="3600s")
+    wait_for(lambda: "restored snapshot" in again.stderr or again.proc.poll() is not None,
+             60, "the restore")
+    again.signal(signal.SIGTERM)
+    assert again.wait() == 75, again.stderr
+    found = re.search(r"final snapshot seq \d+ committed in [0-9.]+s \(expected [0-9.]+s: no "
+                      r"snapshot measured in this try; \d+ MB resident at the (\d+) MB/s the "
+                      r"restored seq (\d+) took is about\)", again.stderr)
+    assert found, again.stderr
+    rate = info["image_bytes"] / (info["dump_s"] + info["ingest_s"])
+    assert (int(found.group(1)), int(found.group(2))) == (round(rate / 1e6), seq)
 
 
 def test_a_workload_killed_just_before_its_run_is_signalled_ends_preempted_not_failed(
