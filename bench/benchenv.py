@@ -18,6 +18,33 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class BenchError(RuntimeError):
+    """A side failed or did not verify: the bench stops rather than print a figure for it."""
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *,
+             poll_s: float = 0.02) -> T:
+    """``predicate()``'s first true value, polled every ``poll_s``; BenchError after
+    ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def read(path: str) -> str:
+    """The text of ``path`` ('' when it cannot be read: not there yet, or gone)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def drop_caches() -> bool:
     """``sync`` then drop the page cache; False when not permitted."""
     os.sync()

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchenv import drop_caches, fsync_path, loadavg, remove  # noqa: E402
+from benchenv import BenchError, drop_caches, fsync_path, loadavg, read, remove, wait_for  # noqa: E402,E501
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "steady_workload.py")
@@ -87,10 +87,6 @@ class Settings:
     timeout_s: float
 
 
-class BenchError(RuntimeError):
-    pass
-
-
 def _death_signal() -> None:
     # SIGKILL when the bench dies, so a crashed or timed-out bench leaves nothing running.
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -109,25 +105,6 @@ def calibrate(s: Settings) -> float:
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
     with open(result, encoding="ascii") as f:
         return CALIBRATION_STEPS / json.load(f)["steps_s"]
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.005)
-
-
-def read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
 
 
 def workload_pid(tag: str) -> int | None:
@@ -245,7 +222,7 @@ def cairn_side(s: Settings, case: str, pages_per_step: float) -> dict[str, Any]:
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         found = wait_for(lambda: FINAL.search(read(log_path)) or proc.poll() is not None,
-                         s.timeout_s, "the final snapshot's commit")
+                         s.timeout_s, "the final snapshot's commit", poll_s=0.005)
         durable = time.monotonic() - started
         if not isinstance(found, re.Match):
             raise BenchError(f"cairn run exited {proc.returncode} without a final snapshot:\n"

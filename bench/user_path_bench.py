@@ -45,12 +45,11 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchenv import drop_caches, loadavg  # noqa: E402
+from benchenv import BenchError, drop_caches, loadavg, read, wait_for  # noqa: E402
 
-T = TypeVar("T")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(HERE, "user_path_workload.py")
 VENV_BIN = os.path.join(os.path.dirname(HERE), ".venv", "bin")
@@ -89,10 +88,6 @@ class Store:
     url: str
     extra: tuple[str, ...]  # options of ``cairn run`` it needs (the secret file)
     env: tuple[tuple[str, str], ...] = ()  # and variables
-
-
-class BenchError(RuntimeError):
-    """A side failed or did not verify: the bench stops rather than print a figure for it."""
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -154,25 +149,6 @@ def reap(tag: str, *, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise BenchError(f"processes naming {tag} survive SIGKILL: {found}")
         time.sleep(0.02)
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def size_of(path: str) -> int:
