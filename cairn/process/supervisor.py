@@ -204,7 +204,7 @@ class Supervisor:
                 if info.seq not in self.settings.exclude_seqs:
                     # The chunk tables and pack extents the check and the restore read
                     # (decoded at first use and kept with the manifest).
-                    info.manifest.pack_ends
+                    info.manifest.pack_ends()
                     break
 
     def _close_store(self) -> None:

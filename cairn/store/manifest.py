@@ -25,9 +25,8 @@ import enum
 import functools
 import json
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from cairn.exceptions import CorruptSnapshot
@@ -179,13 +178,17 @@ class Manifest:
 
     def packs(self) -> set[str]:
         """Every pack a restore of this snapshot reads (deltas' bases included)."""
-        return set(self.pack_ends)
+        return set(self._pack_ends)
+
+    def pack_ends(self) -> dict[str, int]:
+        """Every pack a restore reads, to the end of the last stored byte it reads there
+        (chunk bytes; a sealed pack's tag comes after): a new dict each call, computed once
+        per manifest (a try's start computes it while the host checks run;
+        ``Store.check_present`` reads it)."""
+        return dict(self._pack_ends)
 
     @functools.cached_property
-    def pack_ends(self) -> Mapping[str, int]:
-        """Every pack a restore reads, to the end of the last stored byte it reads there
-        (chunk bytes; a sealed pack's tag comes after). Computed once per manifest: a try's
-        start computes it while the host checks run (``Store.check_present`` reads it)."""
+    def _pack_ends(self) -> dict[str, int]:
         ends: dict[str, int] = {}
         get = ends.get
         for chunk in self.chunk_refs():
@@ -198,7 +201,7 @@ class Manifest:
             for pack, offset, length in chunk.extents():
                 if offset + length > get(pack, 0):
                     ends[pack] = offset + length
-        return MappingProxyType(ends)
+        return ends
 
     def file(self, path: str) -> FileEntry:
         for entry in self.files:

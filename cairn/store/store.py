@@ -409,7 +409,7 @@ class Store:
         cost a round trip each on a bucket, and a cold inode read each on a local disk
         (35 packs of a 1 GiB image: ~45 ms here). Not to be called from the pool itself."""
         tail = TAG_BYTES if self.sealer is not None else 0
-        ends = manifest.pack_ends
+        ends = manifest.pack_ends()
 
         def size_of(pack: str) -> int | None:
             try:

@@ -154,3 +154,12 @@ def test_a_file_entry_is_immutable_and_equal_by_its_chunks() -> None:
     assert entry == manifest.files[0] and "2 chunks" in repr(entry)
     with pytest.raises(AttributeError, match="immutable"):
         entry.size = 1  # type: ignore[misc]
+
+
+def test_pack_ends_cover_every_extent_and_the_manifest_still_copies() -> None:
+    manifest = manifest_from_json(delta_manifest().to_json())
+    # the full chunk ends at 8192 + 12288 in the base pack, the delta's one page at 4096
+    assert manifest.pack_ends() == {"packs/aa/base": 8192 + 3 * 4096, "packs/bb/new": 4096}
+    manifest.pack_ends()["packs/aa/base"] = 0  # a copy: the manifest's own stays
+    assert manifest.pack_ends()["packs/aa/base"] == 8192 + 3 * 4096
+    assert copy.deepcopy(manifest) == manifest
