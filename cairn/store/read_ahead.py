@@ -1,17 +1,18 @@
 """Reading a stream of known length a window ahead of the writer, on a thread of its own.
 
 A snapshot's writer adds a large file chunk by chunk: read, name (BLAKE3), look up, write
-to a pack. On one thread those steps add up (a 2 GiB process image: ~3 s, of which reading
-and naming ~0.9 s), while the reads and the digests release the GIL and a second core sits
-idle. :class:`ReadAhead` moves them to a thread of its own: it reads whole windows of
-consecutive chunks with one ``readinto`` each and names every chunk in them, one window
-ahead of the writer, which meets each chunk already read and named (ADR 0045).
+to a pack. On one thread those steps add up (a 2 GiB process image: ~3 s, ~0.4 s of it one
+``readinto`` per 32 KiB chunk). :class:`ReadAhead` moves the reading to a thread of its own:
+it reads whole windows of consecutive chunks with one ``readinto`` each, one window ahead of
+the writer, which meets each chunk already in memory (ADR 0045). It does not name them: a
+digest releases the GIL for every chunk and would wait to take it back behind the writer's
+Python (ADR 0045 has the figures).
 
 Contract: the windows are taken in order (iterating the ReadAhead) and each is given back
 with :meth:`ReadAhead.release` once nothing reads its memory any more (the writer settles
 its pack writer first: an encrypted store seals the last chunk asynchronously). Only the
 ReadAhead's thread reads ``stream`` until the ReadAhead is closed. A failure of the thread
-(an ``OSError`` reading the stream, a digest's error) is raised by the iteration, in the
+(an ``OSError`` reading the stream) is raised by the iteration, in the
 caller's thread; a stream that ends early ends the iteration, and :attr:`ReadAhead.total`
 says how many bytes it held. Closing (or leaving the ``with`` block) stops the thread and
 waits for it, whatever the caller's state.
@@ -60,8 +61,9 @@ _DONE = object()
 
 
 class ReadAhead:
-    """Windows of ``plan``'s chunks read from ``stream`` and named by ``digest`` (module
-    docstring). ``window_bytes`` is raised to the largest chunk when smaller."""
+    """Windows of ``plan``'s chunks read from ``stream`` with ``read`` (which fills a view
+    and returns how many bytes it got; fewer only at the end of the stream). Module
+    docstring. ``window_bytes`` is raised to the largest chunk when smaller."""
 
     def __init__(self, stream: IO[bytes], plan: Sequence[PlannedChunk], *,
                  window_bytes: int = WINDOW_BYTES,

@@ -225,10 +225,10 @@ class SnapshotWriter:
         between cuts, the last one shorter."""
         plan = []
         for start, end in segments(size, cuts):
-            where = by_start.get(start)
+            located = start in by_start
             for index, offset in enumerate(range(start, end, self._max_chunk)):
                 plan.append(PlannedChunk(min(self._max_chunk, end - offset),
-                                         None if where is None else (path, where, index)))
+                                         (path, by_start[start], index) if located else None))
         chunks: list[ChunkRef] = []
         with ReadAhead(stream, plan, read=_read_exactly) as windows:
             for window in windows:
