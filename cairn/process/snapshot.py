@@ -194,7 +194,7 @@ def commit_dump(attempt: Any, image_dir: str, *, tracked: Sequence[TrackedFile],
 
 def snapshot_rate(manifest: Manifest) -> float | None:
     """The image bytes per second its dump and ingest took when ``manifest`` was taken
-    (recorded since ADR 0045's change; None when not recorded or not plausible)."""
+    (recorded by cairn since 2026-12-07; None when not recorded or not plausible)."""
     info = (manifest.metadata.get("user") or {}).get("process")
     if not isinstance(info, dict):
         return None

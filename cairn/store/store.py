@@ -406,8 +406,8 @@ class Store:
         """Cheap structural check: every pack exists and is long enough for its chunks.
 
         The packs are looked up on the store's pool, all at once: one after the other they
-        cost a round trip each on a bucket, and a cold inode read each on a local disk
-        (35 packs of a 1 GiB image: ~45 ms here). Not to be called from the pool itself."""
+        cost a round trip each on a bucket (a 1 GiB image has ~35 packs). Not to be called
+        from the pool itself."""
         tail = TAG_BYTES if self.sealer is not None else 0
         ends = manifest.pack_ends()
 
