@@ -74,6 +74,16 @@ def test_every_read_path_assembles_and_verifies_a_delta(store: Store, tmp_path: 
     assert b"".join(bytes(piece) for piece in reader.iter_file(PATH)) == data
     assert bytes(reader.read_chunks(second.file(PATH).chunks)) == data
     assert bytes(reader.read_chunks(second.file(PATH).chunks[2:5])) == data[2 * CHUNK:5 * CHUNK]
+    # Into memory reused run after run (a streamed restore's windows): what an earlier run
+    # left there is overwritten, and only the run's own bytes are returned.
+    reused = memoryview(bytearray(b"\xee" * (len(data) + DELTA_PAGE)))
+    for start, end in ((0, CHUNKS), (2, 5), (0, 3)):
+        got = reader.read_chunks(second.file(PATH).chunks[start:end], into=reused)
+        assert bytes(got) == data[start * CHUNK:end * CHUNK]
+    with pytest.raises(ValueError, match="writable bytes"):
+        reader.read_chunks(second.file(PATH).chunks, into=memoryview(bytes(len(data))))
+    with pytest.raises(ValueError, match="writable bytes"):
+        reader.read_chunks(second.file(PATH).chunks, into=reused[:CHUNK])
     buffer = bytearray(len(data))
     reader.read_files_into([(PATH, memoryview(buffer))])
     assert buffer == data

@@ -106,6 +106,21 @@ def test_pages_come_from_the_store_and_small_images_from_the_scratch(snapshot) -
     assert not (image_dir / image_stream.SOCKET_NAME).exists()
 
 
+def test_windows_read_into_two_reused_buffers_arrive_whole_and_in_order(snapshot, monkeypatch
+                                                                        ) -> None:
+    store, manifest, image_dir = snapshot
+    monkeypatch.setattr(image_stream, "WINDOW_BYTES", 1 << 20)
+    assert len(image_stream._windows(manifest.file("images/pages-1.img").chunks)) >= 3
+    streamer = streamer_for(store, manifest, image_dir)
+    criu = CriuSide(os.path.join(streamer.criu_dir, image_stream.SOCKET_NAME))
+    try:
+        assert criu.read("pages-1.img") == PAGES
+    finally:
+        criu.close()
+        streamer.close()
+    assert streamer.bytes_streamed == len(PAGES) and streamer.failure is None
+
+
 def test_a_bad_chunk_ends_the_image_short_and_is_the_failure(snapshot, monkeypatch) -> None:
     store, manifest, image_dir = snapshot
     monkeypatch.setattr(image_stream, "WINDOW_BYTES", 1 << 20)  # windows before the bad one
