@@ -96,6 +96,7 @@ class Dumper:
         dump the workload's resident memory, plus the GPU memory the driver will copy into it,
         stands in; that copy also takes from the memory a staged image could have). Said at
         WARNING when the medium changes, else at INFO."""
+        self.ctx.sweep_memory_staging()
         last = next((h["image_bytes"] for h in reversed(self.ctx.cost.history)
                      if h.get("entry") is None), None)
         estimate = None

@@ -164,6 +164,7 @@ class Restorer:
         """Where a restore's scratch copy goes: where the staging policy
         (``RunSettings.staging``) would put an image of the copy and the restored process
         together."""
+        self.ctx.sweep_memory_staging()
         choice = restore_mod.scratch_choice(self.ctx.settings.staging, manifest,
                                             memory_dir=self.ctx.memory_staging,
                                             disk_dir=self.ctx.staging)

@@ -23,6 +23,7 @@ from cairn.process import snapshot as snap_mod
 from cairn.process import staging as staging_mod
 from cairn.process.run_settings import RunSettings
 from cairn.runtime import channel, env
+from cairn.runtime.units import human_size
 from cairn.store import Key, Store
 from cairn.store.hashing import digest
 
@@ -75,7 +76,8 @@ class RunContext:
         self.staging = os.path.join(self.run_dir, "staging")
         # Where dumps stage when the policy picks memory (made at the first such use).
         self.memory_staging = staging_mod.memory_parent(self.run_dir, self.staging)
-        self._memory_ready = False
+        self._memory_hold: int | None = None  # the flock on it while this run stages there
+        self._swept = False
         # Where tracked files may live and be restored (the working and run directories and
         # $CAIRN_TRACK_ROOTS): checked before each dump, enforced by each restore.
         self.track_roots = snap_mod.track_roots(log_dir=self.run_dir, cwd=self.cwd)
@@ -115,15 +117,34 @@ class RunContext:
             self._cuda = cuda_mod.CudaCheckpoint.load() or False
         return self._cuda or None
 
+    def sweep_memory_staging(self) -> None:
+        """Once per run, before its first staging choice: remove what killed runs of any key
+        left staged in RAM (:func:`~cairn.process.staging.remove_abandoned`), so that it
+        neither holds memory nor shrinks the headroom the choice is made on."""
+        if self._swept:
+            return
+        self._swept = True
+        for path, held in staging_mod.remove_abandoned(keep=self.memory_staging):
+            log.warning("removed %s: %s a killed cairn run had staged in memory", path,
+                        human_size(held))
+
+    def release_memory_staging(self) -> None:
+        """End this run's hold on its memory directory and remove it, with what a killed run
+        of this key left there when this one never staged in memory (unless a live run holds
+        it). Called once, as the run ends."""
+        if self._memory_hold is not None:
+            os.close(self._memory_hold)
+            self._memory_hold = None
+        staging_mod.remove_private_dir(self.memory_staging)
+
     def usable(self, choice: staging_mod.StagingChoice, *, strict: bool,
                instead: str) -> staging_mod.StagingChoice:
-        """``choice`` with its parent made: the memory directory is prepared once per run (a
-        killed run's leftovers go); where it cannot be, the disk instead (logged with
+        """``choice`` with its parent made: the memory directory is held and prepared once per
+        run (a killed run's leftovers go); where it cannot be, the disk instead (logged with
         ``instead``), or, when ``strict``, the ConfigError."""
-        if choice.parent == self.memory_staging and not self._memory_ready:
+        if choice.parent == self.memory_staging and self._memory_hold is None:
             try:
-                staging_mod.prepare_private_dir(choice.parent)
-                self._memory_ready = True
+                self._memory_hold = staging_mod.hold_private_dir(choice.parent)
             except ConfigError as e:
                 if strict:
                     raise

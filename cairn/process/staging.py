@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fcntl
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -242,13 +244,132 @@ def prepare_private_dir(path: str) -> None:
 
 def remove_private_dir(path: str) -> None:
     """Remove ``path`` if it is a directory of this user (what :func:`prepare_private_dir`
-    made, or a killed run left); anything else there is not this run's to remove."""
+    made, or a killed run left) that no live run holds (:func:`hold_private_dir`); anything
+    else there is not this run's to remove. Close this run's own hold first."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        _remove_unheld(path)
+
+
+# A file in a held directory: the directory was made by a run that holds it while it lives,
+# so once no process holds it, it is a killed run's and holds RAM for no one.
+HELD_MARK = ".cairn-memory-staging"
+_HOLD_TRIES = 20
+_HOLD_RETRY_S = 0.05
+
+
+def _open_dir(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _remove_unheld(path: str) -> int | None:
+    """Remove directory ``path`` unless a live process holds its lock; the bytes its files
+    held, or None when it was held (or is gone)."""
+    fd = _open_dir(path)
+    if fd is None:
+        return None
+    try:
+        if not _try_lock(fd):
+            return None
+        held = 0
+        for where, _, files in os.walk(path):
+            for name in files:
+                try:
+                    held += os.lstat(os.path.join(where, name)).st_size
+                except OSError:
+                    pass
         shutil.rmtree(path, ignore_errors=True)
+        return held
+    finally:
+        os.close(fd)
+
+
+def hold_private_dir(path: str) -> int:
+    """Make ``path`` this run's private directory (:func:`prepare_private_dir`) and hold it:
+    an exclusive ``flock`` on the directory, taken before any leftover in it is removed, and
+    :data:`HELD_MARK` written in it. Returns the descriptor that holds it: the hold ends when
+    it is closed or when the process ends, however it ends (SIGKILL too), which is what lets
+    :func:`remove_abandoned` tell a killed run's directory from a live one's. The descriptor
+    is not inherited by children (CRIU, the workload). Raises ConfigError naming the fix when
+    the path is not this user's directory, or another live run holds it."""
+    for _ in range(_HOLD_TRIES):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            prepare_private_dir(path)  # raises the ConfigError that names the fix
+        fd = _open_dir(path)
+        if fd is None:
+            continue  # removed, or replaced, since: look again
+        if not _try_lock(fd):
+            os.close(fd)
+            time.sleep(_HOLD_RETRY_S)  # a sweep removing it, or a live run
+            continue
+        try:
+            same = os.lstat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # a sweep removed the directory this descriptor is of
+            os.close(fd)
+            continue
+        try:
+            prepare_private_dir(path)
+            os.close(os.open(HELD_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600,
+                             dir_fd=fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    raise ConfigError(f"cannot stage dumps in memory at {path}: another live cairn run holds "
+                      "it (the same key and --workdir); pass --staging disk or give this run "
+                      "its own --workdir")
+
+
+def remove_abandoned(shm_dir: str = SHM_DIR, *, keep: str | None = None
+                     ) -> list[tuple[str, int]]:
+    """Remove every ``<shm_dir>/cairn-*`` directory of this user that a run held
+    (:data:`HELD_MARK`) and no live process holds any more: the dumps a killed run (SIGKILL,
+    the OOM killer) left in RAM, which would hold it until the next run of its own key, or
+    the next boot. ``keep``: this run's own directory, never touched. Directories without the
+    mark (another program's, or an older cairn's) are left alone. Returns (path, bytes) of
+    each one removed."""
+    removed: list[tuple[str, int]] = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return removed
+    mine = os.path.normpath(keep) if keep else None
+    for name in names:
+        path = os.path.join(shm_dir, name)
+        if not name.startswith("cairn-") or os.path.normpath(path) == mine:
+            continue
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            os.lstat(os.path.join(path, HELD_MARK))
+        except OSError:
+            continue
+        held = _remove_unheld(path)
+        if held is not None:
+            removed.append((path, held))
+    return removed
 
 
 # -- the choice, per dump ---------------------------------------------------------------------
@@ -303,7 +424,7 @@ def choose_staging(policy: StagingMedium, *, image_bytes: int | None, memory_dir
     return StagingChoice(disk_dir, StagingMedium.DISK, f"auto: {sizes}")
 
 
-__all__ = ["MEMORY_FACTOR", "Headroom", "StagingChoice", "StagingMedium", "choose_staging",
-           "filesystem_type", "memory_headroom", "memory_headroom_bytes", "memory_parent",
-           "page_cache_room",
-           "on_memory", "prepare_private_dir", "remove_private_dir"]
+__all__ = ["HELD_MARK", "MEMORY_FACTOR", "Headroom", "StagingChoice", "StagingMedium",
+           "choose_staging", "filesystem_type", "hold_private_dir", "memory_headroom",
+           "memory_headroom_bytes", "memory_parent", "on_memory", "page_cache_room",
+           "prepare_private_dir", "remove_abandoned", "remove_private_dir"]

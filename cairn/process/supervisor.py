@@ -57,7 +57,6 @@ from cairn.process import gpus as gpus_mod
 from cairn.process import pids as pids_mod
 from cairn.process import restore as restore_mod
 from cairn.process import spool as spool_mod
-from cairn.process import staging as staging_mod
 from cairn.process import workload
 from cairn.process.child import PR_SET_CHILD_SUBREAPER, Child, StopSignals, prctl
 from cairn.process.doctor import Preflight
@@ -320,8 +319,7 @@ class Supervisor:
             self.child.kill()
             self.restorer.close()
             shutil.rmtree(self.ctx.staging, ignore_errors=True)
-            # Also what a killed run of this key left in RAM when this one never staged there.
-            staging_mod.remove_private_dir(self.ctx.memory_staging)
+            self.ctx.release_memory_staging()
             self._record_outcome()
             assert self.ctx.store is not None
             self.ctx.store.close()

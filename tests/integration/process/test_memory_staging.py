@@ -106,3 +106,27 @@ def test_disk_staging_keeps_the_dump_in_the_work_directory(tmp_path: Path) -> No
     work = str(tmp_path / "workspace" / "cairn")
     assert seen and all(kind != "tmpfs" and path.startswith(work) for kind, path in seen), seen
     assert "staging the dump on disk at" in run.stderr and "(--staging disk)" in run.stderr
+
+
+def test_a_killed_runs_memory_staging_goes_with_the_next_run_of_any_key(tmp_path: Path) -> None:
+    wrapper, record = criu_recording_its_dumps(tmp_path)
+    first = counter(tmp_path, wrapper, "memory")
+    try:
+        wait_for(lambda: first.committed() or first.proc.poll() is not None, 120, "a snapshot")
+        assert first.proc.poll() is None, first.stderr
+    finally:
+        first.kill()  # SIGKILL: the run cannot remove its memory directory
+    memory_dir = re.search(r"staging the dump in memory at (\S+) \(--staging memory",
+                           first.stderr).group(1)
+    assert os.path.isdir(memory_dir), "the killed run's memory directory is left behind"
+    work = tmp_path / "other"
+    work.mkdir()
+    other = CairnRun(store=str(tmp_path / "store"), key="dag/another/1",
+                     command=[sys.executable, str(COUNTER), str(work / "metrics.txt"), "40",
+                              "0.05"],
+                     workdir=work / "cairn", logs=tmp_path / "other-logs", every="1s",
+                     extra=["--staging", "disk"], cwd=tmp_path)
+    assert other.wait(300) == 0, other.stderr
+    assert f"removed {memory_dir}: " in other.stderr and "a killed cairn run had staged in " \
+        "memory" in other.stderr, other.stderr
+    assert not os.path.exists(memory_dir)

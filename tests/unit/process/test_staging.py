@@ -1,25 +1,32 @@
 """Where a dump stages: the headroom from a fake cgroup tree (a directory standing in for
-``/proc`` and ``/sys``, named a fake), the filesystem from a fake mountinfo, the choice."""
+``/proc`` and ``/sys``, named a fake), the filesystem from a fake mountinfo, the choice; the
+memory directory held by a live run (a real process holding a real flock) and swept once
+its run was killed."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cairn.exceptions import ConfigError
 from cairn.process.staging import (
+    HELD_MARK,
     Headroom,
     StagingMedium,
     choose_staging,
     filesystem_type,
+    hold_private_dir,
     memory_headroom,
     memory_headroom_bytes,
     memory_parent,
     on_memory,
     page_cache_room,
     prepare_private_dir,
+    remove_abandoned,
     remove_private_dir,
 )
 
@@ -285,3 +292,72 @@ def test_run_settings_and_cairn_run_refuse_an_unknown_medium(
     monkeypatch.setenv(STAGING.name, "ram")
     assert main([*run, "--", "true"]) == 2
     assert "'ram' is not one of" in capsys.readouterr().err
+
+
+# -- holding the memory directory, and what killed runs left ----------------------------------
+
+HOLDER = """
+import sys, time
+from cairn.process.staging import hold_private_dir
+hold_private_dir(sys.argv[1])
+with open(sys.argv[1] + "/dump-1", "wb") as f:
+    f.write(b"x" * 8192)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def start_holder(path: Path) -> subprocess.Popen[str]:
+    """A process standing in for a live ``cairn run`` that stages in ``path``."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_held_directory_is_marked_and_a_second_hold_names_the_fix(tmp_path: Path) -> None:
+    where = tmp_path / "cairn-r"
+    where.mkdir(mode=0o755)
+    (where / "stray").write_bytes(b"a killed run's")
+    fd = hold_private_dir(str(where))
+    try:
+        assert sorted(p.name for p in where.iterdir()) == [HELD_MARK], "leftovers removed"
+        assert where.stat().st_mode & 0o777 == 0o700
+        assert not os.get_inheritable(fd), "CRIU and the workload must not hold it"
+        with pytest.raises(ConfigError, match="another live cairn run holds it.*--staging disk"):
+            hold_private_dir(str(where))
+        remove_private_dir(str(where))
+        assert where.is_dir(), "held: not removed"
+    finally:
+        os.close(fd)
+    remove_private_dir(str(where))
+    assert not where.exists()
+
+
+def test_a_killed_runs_memory_staging_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    live, killed = tmp_path / "cairn-live", tmp_path / "cairn-killed"
+    unmarked, other = tmp_path / "cairn-unmarked", tmp_path / "not-cairn"
+    for plain in (unmarked, other):
+        plain.mkdir()
+        (plain / "dump-1").write_bytes(b"y")
+    (tmp_path / "cairn-link").symlink_to(other)
+    ours = tmp_path / "cairn-ours"
+    ours.mkdir()
+    (ours / HELD_MARK).write_bytes(b"")
+    holders = [start_holder(live), start_holder(killed)]
+    try:
+        assert remove_abandoned(str(tmp_path), keep=str(ours)) == []
+        holders[1].kill()  # SIGKILL: no chance to clean up
+        holders[1].wait()
+        assert remove_abandoned(str(tmp_path), keep=str(ours)) == [(str(killed), 8192)]
+        assert not killed.exists() and (live / "dump-1").exists()
+        for kept in (unmarked / "dump-1", other / "dump-1", ours / HELD_MARK):
+            assert kept.exists(), kept
+        assert (tmp_path / "cairn-link").is_symlink()
+        holders[0].terminate()  # any end of the process ends the hold
+        holders[0].wait()
+        assert sorted(remove_abandoned(str(tmp_path))) == [(str(live), 8192), (str(ours), 0)]
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
