@@ -2,10 +2,10 @@
 
 CRIU images are ``[u32 head magic][u32 image magic]`` followed by entries, each a little-endian
 ``u32`` length and one protobuf message (``images/*.proto`` in CRIU's source, MIT licensed).
-cairn reads three of them: the pagemap (where each memory region's pages lie in the
+cairn reads a few of them: the pagemap (where each memory region's pages lie in the
 ``pages-*.img`` file, so ingest can start a chunk at every region and dedup survives regions
-that move), the dump statistics (CRIU's own frozen time) and the open regular files (the size
-of every file at the moment of the dump). A tiny wire-format decoder is enough for that and
+that move), the dump statistics (CRIU's own frozen time), the open regular files (the size
+of every file at the moment of the dump) and which of them were unlinked then. A tiny wire-format decoder is enough for that and
 keeps process mode free of a protobuf dependency.
 """
 
@@ -26,6 +26,7 @@ PAGEMAP_MAGIC = 0x56084025
 STATS_MAGIC = 0x57093306
 FILES_MAGIC = 0x56303138
 FDINFO_MAGIC = 0x56213732
+REMAP_FPATH_MAGIC = 0x59133954
 
 # pagemap_entry.flags (criu/include/pagemap.h)
 PE_PARENT = 1 << 0
@@ -262,6 +263,31 @@ def read_fd_file_ids(image_dir: str | os.PathLike[str]) -> set[int]:
                 f = _first(message)
                 if f.get(3) == FD_TYPE_REG:
                     ids.add(int(f.get(1, 0)))
+    return ids
+
+
+# remap_file_path_entry.remap_type (images/remap-file-path.proto); before it existed, a
+# ghost was flagged in the top bit of remap_id (criu/files-reg.c: REMAP_GHOST).
+REMAP_TYPE_LINKED = 0
+REMAP_TYPE_GHOST = 1
+_REMAP_GHOST_BIT = 1 << 31
+
+
+def read_unlinked_file_ids(image_dir: str | os.PathLike[str]) -> set[int]:
+    """The ``files.img`` ids of the regular files that were unlinked when they were dumped
+    (``remap-fpath.img`` remaps them to a ghost copy in the image or to a link CRIU made):
+    CRIU restores those itself, under a name of its own, and never opens them by their path."""
+    path = os.path.join(image_dir, "remap-fpath.img")
+    if not os.path.exists(path):
+        return set()
+    ids: set[int] = set()
+    for message in entries(path, magic=REMAP_FPATH_MAGIC):
+        f = _first(message)
+        kind = f.get(3)
+        if kind is None:
+            kind = REMAP_TYPE_GHOST if int(f.get(2, 0)) & _REMAP_GHOST_BIT else REMAP_TYPE_LINKED
+        if kind in (REMAP_TYPE_LINKED, REMAP_TYPE_GHOST):
+            ids.add(int(f.get(1, 0)))
     return ids
 
 

@@ -11,7 +11,10 @@ exactly is possible: :func:`recreate` makes each such file that is missing, zero
 size CRIU recorded; the restored worker finishes the constructor and unlinks it. Only files
 held open under torch's names are touched (``file_system`` sharing keeps files linked for
 their whole life, with data, and maps them without holding them open: those are not put
-back).
+back), and only those still linked at the dump: a file the worker had already unlinked is
+a ghost CRIU restores itself under a name of its own, and a copy made at its old path would
+be left in ``/dev/shm`` for good, as no one unlinks it again. The files made are sparse, but
+the worker fills them: their sizes together must fit in the free space of ``/dev/shm``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import logging
 import os
 import re
 
-from cairn.process.images import read_fd_file_ids, read_reg_files
+from cairn.exceptions import RestoreFailed
+from cairn.process.images import read_fd_file_ids, read_reg_files, read_unlinked_file_ids
+from cairn.runtime.units import human_size
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +33,42 @@ _TORCH_SHM = re.compile(r"/?dev/shm/torch_[0-9_]+")
 
 
 def recreate(image_dir: str | os.PathLike[str], *, root: str = "/") -> list[str]:
-    """Create every missing torch shared-memory file the dump in ``image_dir`` holds open,
-    zero-filled at its dumped size (mode 0600, as torch makes it). Returns the paths made;
-    remove them if the restore fails."""
-    made: list[str] = []
+    """Create every missing torch shared-memory file the dump in ``image_dir`` holds open and
+    had not unlinked, zero-filled at its dumped size (mode 0600, as torch makes it). Returns
+    the paths made; remove them if the restore fails. Raises RestoreFailed, making nothing,
+    when their sizes together exceed the free space of the ``/dev/shm`` they go to (a pod's
+    may be smaller than the one the dump was taken on)."""
     held = read_fd_file_ids(image_dir)
-    for reg in read_reg_files(image_dir):
-        if reg.id not in held or not _TORCH_SHM.fullmatch(reg.name):
-            continue
-        path = os.path.join(root, reg.name.lstrip("/"))
+    unlinked = read_unlinked_file_ids(image_dir)
+    wanted = [(os.path.join(root, reg.name.lstrip("/")), reg.size or 0)
+              for reg in read_reg_files(image_dir)
+              if reg.id in held and reg.id not in unlinked and _TORCH_SHM.fullmatch(reg.name)]
+    wanted = [(path, size) for path, size in wanted if not os.path.lexists(path)]
+    if not wanted:
+        return []
+    shm = os.path.dirname(wanted[0][0])
+    st = os.statvfs(shm)
+    free = st.f_bavail * st.f_frsize
+    total = sum(size for _, size in wanted)
+    if total > free:
+        raise RestoreFailed(
+            f"the snapshot's DataLoader workers were creating {len(wanted)} shared-memory "
+            f"file(s) of {human_size(total)} in {shm}, which has {human_size(free)} free: give "
+            "the step a larger /dev/shm (on Kubernetes an emptyDir with medium Memory and a "
+            "sizeLimit, mounted at /dev/shm)")
+    made: list[str] = []
+    for path, size in wanted:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except FileExistsError:
             continue
         try:
-            os.ftruncate(fd, reg.size or 0)
+            os.ftruncate(fd, size)
         finally:
             os.close(fd)
         made.append(path)
         log.info("recreated %s (%d bytes): the dump caught a DataLoader worker creating it",
-                 path, reg.size or 0)
+                 path, size)
     return made
 
 

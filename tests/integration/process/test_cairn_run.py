@@ -88,6 +88,7 @@ def test_killed_training_resumes_from_its_snapshot_bit_identical(place: dict[str
     """DataLoader(num_workers=2, shuffle), a metrics file in append mode, stdout logging; the
     supervisor is SIGKILLed after a snapshot and a second run resumes mid-training."""
     steps = 240
+    shm_before = torch_shm_files()
     reference_metrics, reference = place["work"] / "ref-metrics.txt", place["work"] / "ref.bin"
     subprocess.run([sys.executable, str(TRAINING), "--steps", str(steps), "--metrics",
                     str(reference_metrics), "--out", str(reference), "--sleep", "0"],
@@ -124,6 +125,14 @@ def test_killed_training_resumes_from_its_snapshot_bit_identical(place: dict[str
     assert out.read_bytes() == reference.read_bytes()
     with open_store(str(place["store"]), create=False) as store:
         assert store.snapshots(Key.parse("train/run-1")) == [], "done: snapshots dropped"
+    # The restore put back only the shared-memory files the workers were creating at the dump
+    # (each unlinks its own), none that CRIU restored itself: nothing is left in /dev/shm.
+    assert torch_shm_files() == shm_before, second.stderr
+
+
+def torch_shm_files() -> list[str]:
+    """torch's shared-memory files in this test's /dev/shm (the isolated lane's own)."""
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("torch_"))
 
 
 def test_sigterm_with_budget_takes_a_final_snapshot_and_loses_no_step(
