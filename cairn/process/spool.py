@@ -303,8 +303,8 @@ class Spool:
         ticket = Ticket(entry=entry, key=key.components, store=store, epoch=epoch,
                         last_seq=last_seq, parent_seq=parent_seq, compat=dict(compat),
                         info=dict(info), tracked=tuple(tracked), created_at=time.time())
-        write_json_atomic(os.path.join(path, TICKET), ticket.to_json())
-        os.chmod(os.path.join(path, TICKET), _FILE_MODE)  # the command line is in it
+        # 0640 from its first moment: the command line is in it.
+        write_json_atomic(os.path.join(path, TICKET), ticket.to_json(), mode=_FILE_MODE)
         return ticket
 
     def cancel(self, entry: str) -> bool:
@@ -345,7 +345,8 @@ class Spool:
     # -- results and the heartbeat ---------------------------------------------------------
 
     def write_result(self, result: Result) -> None:
-        write_json_atomic(os.path.join(self.path, result.entry + RESULT_SUFFIX), result.to_json())
+        write_json_atomic(os.path.join(self.path, result.entry + RESULT_SUFFIX), result.to_json(),
+                          mode=_FILE_MODE)
 
     def results(self) -> list[Result]:
         """Results not yet taken, oldest entry first (unreadable ones are logged, deleted)."""
@@ -376,7 +377,8 @@ class Spool:
 
     def write_heartbeat(self, doc: Mapping[str, Any]) -> None:
         write_json_atomic(os.path.join(self.path, HEARTBEAT),
-                          {"version": SPOOL_VERSION, **doc, "updated_at": time.time()})
+                          {"version": SPOOL_VERSION, **doc, "updated_at": time.time()},
+                          mode=_FILE_MODE)
 
     def heartbeat(self) -> dict[str, Any] | None:
         try:

@@ -39,6 +39,9 @@ TAKEN_NAME = "notice.taken.json"
 STATUS_NAME = "status.json"
 CAUSE_NAME = "cause.json"
 TERMINATING_NAME = "terminating.json"
+# The channel's files are read by the sidecar and the supervisor, which may run as different
+# users: readable by all (they hold no secret: a notice, a status, a cause).
+CHANNEL_FILE_MODE = 0o644
 # After the final snapshot, how long the sidecar's answer to an ask (ADR 0028) is awaited, and
 # how much of the budget is left untouched by the wait: a SIGKILL before the exit would leave
 # no outcome at all.
@@ -46,16 +49,18 @@ CAUSE_WAIT_S = 3.0
 CAUSE_EXIT_MARGIN_S = 0.5
 
 
-def write_json_atomic(path: str, doc: dict[str, Any]) -> None:
-    """Write ``doc`` to ``path`` through a temporary file and a rename (readable by all, since
-    the sidecar and the supervisor may run as different users)."""
+def write_json_atomic(path: str, doc: dict[str, Any], *, mode: int) -> None:
+    """Write ``doc`` to ``path`` through a temporary file and a rename; the file has ``mode``
+    from the moment it is named ``path`` (each caller says who may read it: the channel's
+    files are read by the sidecar, which may run as another user, a spool's only by its
+    group)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, sort_keys=True)
             f.flush()
-            os.fchmod(f.fileno(), 0o644)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -110,7 +115,7 @@ class Notice:
 
 
 def write_notice(path: str, notice: Notice) -> None:
-    write_json_atomic(path, notice.to_json())
+    write_json_atomic(path, notice.to_json(), mode=CHANNEL_FILE_MODE)
 
 
 def take_notice(path: str) -> Notice | None:
@@ -168,7 +173,7 @@ class RunStatus:
 
 
 def write_status(path: str, status: RunStatus) -> None:
-    write_json_atomic(path, status.to_json())
+    write_json_atomic(path, status.to_json(), mode=CHANNEL_FILE_MODE)
 
 
 def read_status(path: str) -> RunStatus | None:
@@ -202,7 +207,8 @@ class Cause:
 
 
 def write_cause(directory: str, cause: Cause) -> None:
-    write_json_atomic(os.path.join(directory, CAUSE_NAME), cause.to_json())
+    write_json_atomic(os.path.join(directory, CAUSE_NAME), cause.to_json(),
+                      mode=CHANNEL_FILE_MODE)
 
 
 def read_cause(directory: str) -> Cause | None:
@@ -218,7 +224,8 @@ def ask_cause(directory: str, *, signal_name: str) -> float | None:
             return None
         asked_at = time.time()
         write_json_atomic(os.path.join(directory, TERMINATING_NAME),
-                          {"version": CHANNEL_VERSION, "signal": signal_name, "at": asked_at})
+                          {"version": CHANNEL_VERSION, "signal": signal_name, "at": asked_at},
+                          mode=CHANNEL_FILE_MODE)
         return asked_at
     except (ConfigError, OSError):
         return None

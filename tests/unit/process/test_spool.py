@@ -119,6 +119,18 @@ def test_results_round_trip() -> None:
         Result.from_json({**result.to_json(), "outcome": "lost"})
 
 
+def test_results_and_the_heartbeat_are_written_for_the_group_only(tmp_path: Path) -> None:
+    """Like every other spool file (0640): the spool promises its files to its group, never
+    to every user of the node (issue 34)."""
+    spool = Spool(str(tmp_path / "spool"))
+    spool.ensure()
+    spool.write_result(Result("000000000007-000001-1700000000000", UploadOutcome.COMMITTED, 7))
+    spool.write_heartbeat({"pid": 1})
+    for name in ("000000000007-000001-1700000000000.result.json", spool_mod.HEARTBEAT):
+        assert stat.S_IMODE(os.stat(os.path.join(spool.path, name)).st_mode) == 0o640, name
+    assert spool.results()[0].epoch == 7 and spool.heartbeat()["pid"] == 1
+
+
 def test_entry_names_sort_by_attempt_then_dump() -> None:
     names = [spool_mod.entry_name(12, 1, now=100.0), spool_mod.entry_name(9, 10, now=300.0),
              spool_mod.entry_name(9, 2, now=200.0), spool_mod.entry_name(12, 3, now=50.0)]
