@@ -93,6 +93,19 @@ class RestoreFailedExit(RestoreFailed, SystemExit):
         self.code = code
 
 
+class StoreUnreachableExit(StoreUnreachable, SystemExit):
+    """A :class:`StoreUnreachable` raised where a bare script may let it propagate (the
+    ``Checkpointer``'s constructor): also a :class:`SystemExit` whose ``code`` (``cairn
+    run``'s 6 for a store it cannot reach, given by whoever raises it) is what the process
+    exits with, instead of 1, so that a pod's or a batch script's exit code tells an outage
+    from a bug. Whoever raises it logs the message first. ``except StoreUnreachable`` and
+    ``except Exception`` still catch it."""
+
+    def __init__(self, message: str, *, url: str, reason: str, code: int) -> None:
+        super().__init__(message, url=url, reason=reason)
+        self.code = code
+
+
 class NoSnapshot(NotFound):
     """No committed snapshot that verifies exists for the key."""
 

@@ -60,6 +60,8 @@ from cairn.exceptions import (
     PreemptedExit,
     RestoreFailed,
     StoreError,
+    StoreUnreachable,
+    StoreUnreachableExit,
     Suspended,
 )
 from cairn.runtime import endings, env, exits, session, slurm
@@ -125,7 +127,13 @@ class Checkpointer:
         self._status_file = env.STATUS_FILE.get() if status_file is None else status_file
         self._status: StatusReporter | None = None
         self._owns_store = not isinstance(store, Store)
-        self.store = open_store(store) if isinstance(store, str) else store
+        try:
+            self.store = open_store(store) if isinstance(store, str) else store
+        except StoreUnreachable as e:
+            # A bare script that lets this propagate exits 6, as `cairn run` does, not 1.
+            log.error("%s", e)
+            raise StoreUnreachableExit(str(e), url=e.url, reason=e.reason,
+                                       code=exits.ExitCode.STORAGE) from e
         self.key = Key.parse(key) if isinstance(key, str) else key
         self._attempt: Any = None
         self._targets: capture.Targets | None = None
