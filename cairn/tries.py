@@ -102,6 +102,19 @@ class Try:
         log.info("cairn: resume plan for %s: %s", parsed, t.plan.reason)
         return t
 
+    def unnumbered_note(self) -> str | None:
+        """For an orchestrator that gives a step no try number (KFP: no placeholder holds it,
+        and the task id changes on every retry): when the store holds no try of the key, the
+        line that says this may be a retry that does not see the store its earlier tries used
+        (print it once per try); None when the store knows an earlier try."""
+        if self.history.tries:
+            return None
+        return (f"cairn: the store {self.store} holds no try of {self.key}: a first try, or a "
+                "retry that does not see the store its earlier tries used (a volume not mounted "
+                "here, a local directory on another node), which this orchestrator gives no try "
+                f"number to tell apart; starting from step 0. Use a store every try sees: "
+                f"{url_forms(remote=True)}")
+
     @property
     def exclude(self) -> frozenset[int]:
         """The snapshots this try must not restore."""

@@ -122,6 +122,8 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
 
     policy = ResumePolicy(**{n: options.pop(n) for n in policy_names if n in options})
     this_try = Try.begin(store=store, key=key, policy=policy)
+    if this_try.unnumbered_note() is not None:
+        print(this_try.unnumbered_note(), flush=True)
     print("cairn: resume plan: " + this_try.reason, flush=True)
     os.environ.update(this_try.env())
     print("cairn: key " + json.dumps(key) + " in " + json.dumps(store), flush=True)

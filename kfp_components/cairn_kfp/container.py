@@ -73,6 +73,8 @@ def _launch(argv: list[str]) -> None:
         raise SystemExit(int(ExitCode.RESTORE_FAILED)) from None
     except (CairnError, TypeError, ValueError) as e:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
+    if this_try.unnumbered_note() is not None:
+        print(this_try.unnumbered_note(), file=sys.stderr, flush=True)
     print("cairn: resume plan: " + this_try.reason, file=sys.stderr, flush=True)
     full = run_argv(["cairn"], command, store=store, key=key_text, every=every, grace=grace,
                     exclude=this_try.exclude)

@@ -39,6 +39,10 @@ def test_launcher_builds_the_cairn_run_command_line(tmp_path: Path) -> None:
                     "--every", "10m", "--grace", "30s", "--",
                     "python", "train.py", "--epochs", "3"]
     assert "resume plan: starting fresh" in done.stderr
+    # KFP gives a step no try number: a store without any try of the key is said to be
+    # either a first try or a retry that does not see its store (issue 34).
+    assert f"the store {store} holds no try of job-1/finetune/a%2Fb: a first try, or a " \
+        "retry that does not see the store" in done.stderr
     args = build_parser().parse_args(argv[1:])  # what cairn's own CLI makes of it
     assert args.run_store == store and args.key == "job-1/finetune/a%2Fb"
     assert args.cmd[-4:] == ["python", "train.py", "--epochs", "3"]
@@ -77,6 +81,7 @@ def test_launcher_plans_each_try_with_the_resume_policy(tmp_path: Path) -> None:
     policy = json.dumps({"resume_on": "preemption", "max_error_retries": 1, "loop_guard": True})
     done = launch(url, "job-1", "finetune", "", "", "", "5m", "10s", policy, "--", "true")
     assert done.returncode == 0, done.stderr
+    assert "holds no try of" not in done.stderr, "the store knows an earlier try"
     argv = json.loads(done.stdout)
     assert argv[argv.index("--exclude-seqs") + 1] == str(seq)
     assert build_parser().parse_args(argv[1:]).exclude_seqs == str(seq)

@@ -97,8 +97,12 @@ def test_a_later_try_that_finds_no_try_in_the_store_is_warned_about(
         Try.begin(store=store, key=KEY, try_number=2)
     assert (f"this is try 2 of {KEY}, but the store {store} holds no try of it" in caplog.text
             and "a volume not mounted here" in caplog.text)
+    # Without a try number (KFP), the line to print says both cases apart from its store.
+    note = Try.begin(store=store, key=KEY).unnumbered_note()
+    assert note is not None and f"the store {store} holds no try of {KEY}: a first try, or a " \
+        "retry that does not see the store" in note
     _train(Try.begin(store=store, key=KEY), 3)  # now the store holds a try of the key
     caplog.clear()
     with caplog.at_level("WARNING", logger="cairn.tries"):
-        Try.begin(store=store, key=KEY, try_number=2)
-    assert caplog.records == []
+        later = Try.begin(store=store, key=KEY, try_number=2)
+    assert caplog.records == [] and later.unnumbered_note() is None

@@ -367,7 +367,9 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
         key = self._key(context)
         this_try = None
         if self.placement or context is not None:  # one read serves placement and resume
-            this_try = begin_try(store.url, key, self.resume_policy, env=store.env, check=False)
+            ti = context["ti"] if context is not None else None
+            this_try = begin_try(store.url, key, self.resume_policy, env=store.env, check=False,
+                                 try_number=getattr(ti, "try_number", None))
         placement = None
         if self.placement:
             history = this_try.history if this_try else None

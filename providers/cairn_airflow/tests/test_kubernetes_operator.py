@@ -12,6 +12,7 @@ at run time) is ``FakeTaskStateStore``, a dict.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import types
@@ -220,6 +221,19 @@ def test_with_no_history_a_try_goes_to_spot(kubeconfig: str, store_url: str) -> 
     assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
             "effect": "NoSchedule"} in got["tolerations"]
     assert got["every"] == op.cairn_plan.placement.every
+
+
+def test_a_retry_that_finds_no_try_in_the_store_is_warned_about(
+        kubeconfig: str, store_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The pod's try is planned with Airflow's try number: a second try that finds the store
+    empty (a volume not mounted on this worker) says so instead of starting from step 0 in
+    silence (issue 34)."""
+    op = make_operator(kubeconfig, store_url)
+    with caplog.at_level(logging.WARNING, logger="cairn.tries"):
+        op.build_pod_request_obj(context_for(op, try_number=1))
+        assert "holds no try of it" not in caplog.text
+        op.build_pod_request_obj(context_for(op, try_number=2))
+    assert "this is try 2 of" in caplog.text and "holds no try of it" in caplog.text
 
 
 def test_the_third_try_after_two_preemptions_goes_on_demand(kubeconfig: str,
