@@ -219,11 +219,15 @@ class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOper
                 result = super().execute(context)
             except BaseException as error:
                 self._close_after(ckpt, error)
+                # A skip or a deferral is not how the step ended, nor an error of it. The
+                # outcome goes to the store before anything talks to Airflow's API server:
+                # in a metadata-database outage that call waits until the task is killed.
+                control = is_control_flow(error)
+                verdict = None if control else this_try.ended(error=error, ckpt=ckpt)
                 self._push_metadata(context, ckpt, config.url, key, done=False,
                                     plan_reason=this_try.reason)
-                if is_control_flow(error):
-                    raise  # a skip or a deferral: not how the step ended, nor an error of it
-                verdict = this_try.ended(error=error, ckpt=ckpt)
+                if verdict is None:
+                    raise
                 if isinstance(error, Exception) and not isinstance(error, Suspended):
                     raise_verdict(this_try, verdict, error, delay=self.retry_delay)
                 raise
@@ -238,9 +242,9 @@ class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOper
                 raise
             if ckpt is not None:
                 ckpt.close()  # raises if the last snapshot was not committed
+            this_try.ended(error=None, ckpt=ckpt)  # before the API call (see above)
             self._push_metadata(context, ckpt, config.url, key, done=not self.keep_snapshots,
                                 plan_reason=this_try.reason)
-            this_try.ended(error=None, ckpt=ckpt)
         return result
 
     def execute_callable(self) -> Any:

@@ -118,6 +118,29 @@ def test_a_preemption_reschedules_without_consuming_a_retry(
     assert _outcomes(cairn_store, run) == ["preempted", "succeeded"]
 
 
+def test_the_outcome_is_in_the_store_before_airflow_is_told(
+        airflow, cairn_store: Path, one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each try's outcome record is written before the operator's first call to Airflow's
+    API (the ``cairn`` XCom): in a metadata-database outage that call waits until the task is
+    killed, and a try killed then left no record (issue 34)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    seen: list[list[str]] = []
+    original = RuntimeTaskInstance.xcom_push
+
+    def xcom_push(self: Any, key: str, value: Any) -> None:
+        if key == "cairn":
+            run = type("Run", (), {"dag_id": self.dag_id, "run_id": self.run_id})
+            seen.append(_outcomes(cairn_store, run))
+        original(self, key, value)
+
+    monkeypatch.setattr(RuntimeTaskInstance, "xcom_push", xcom_push)
+    run = airflow.run(_dag("cairn_policy_outcome_first", retries=0, max_preemptions=1,
+                           sigterm_on_try_1_at=12))
+    assert run.state == "success"
+    assert seen == [["preempted"], ["preempted", "succeeded"]]
+
+
 def test_a_skip_is_neither_an_error_nor_an_outcome(airflow, cairn_store: Path,
                                                   one_thread: None) -> None:
     """AirflowSkipException raised by the callable passes through: the task is skipped, even
