@@ -5,8 +5,8 @@ CRIU images are ``[u32 head magic][u32 image magic]`` followed by entries, each 
 cairn reads a few of them: the pagemap (where each memory region's pages lie in the
 ``pages-*.img`` file, so ingest can start a chunk at every region and dedup survives regions
 that move), the dump statistics (CRIU's own frozen time), the open regular files (the size
-of every file at the moment of the dump) and which of them were unlinked then. A tiny wire-format decoder is enough for that and
-keeps process mode free of a protobuf dependency.
+of every file at the moment of the dump) and which of them were unlinked then. A tiny
+wire-format decoder is enough for that and keeps process mode free of a protobuf dependency.
 """
 
 from __future__ import annotations

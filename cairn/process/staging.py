@@ -311,7 +311,10 @@ def hold_private_dir(path: str) -> int:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # a sweep removed a killed run's directory of this name meanwhile
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             prepare_private_dir(path)  # raises the ConfigError that names the fix
         fd = _open_dir(path)
