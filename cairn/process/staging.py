@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.process.doctor import cgroup_memory, parse_meminfo, read_text
+from cairn.process.snapshot import directory_bytes
 from cairn.runtime.choices import coerce_option
 from cairn.runtime.units import human_size
 
@@ -285,13 +286,7 @@ def _remove_unheld(path: str) -> int | None:
     try:
         if not _try_lock(fd):
             return None
-        held = 0
-        for where, _, files in os.walk(path):
-            for name in files:
-                try:
-                    held += os.lstat(os.path.join(where, name)).st_size
-                except OSError:
-                    pass
+        held = directory_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         return held
     finally:

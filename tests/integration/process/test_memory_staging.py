@@ -56,6 +56,15 @@ def counter(tmp_path: Path, wrapper: Path, staging: str) -> CairnRun:
                     cwd=tmp_path)
 
 
+def killed_after_a_snapshot(run: CairnRun) -> None:
+    """Wait for ``run``'s first committed snapshot, then SIGKILL it."""
+    try:
+        wait_for(lambda: run.committed() or run.proc.poll() is not None, 120, "a snapshot")
+        assert run.proc.poll() is None, run.stderr
+    finally:
+        run.kill()
+
+
 def dumps(record: Path) -> list[tuple[str, str]]:
     if not record.exists():
         return []
@@ -97,11 +106,7 @@ def test_disk_staging_keeps_the_dump_in_the_work_directory(tmp_path: Path) -> No
         pytest.skip("the temporary directory is itself on tmpfs")
     wrapper, record = criu_recording_its_dumps(tmp_path)
     run = counter(tmp_path, wrapper, "disk")
-    try:
-        wait_for(lambda: run.committed() or run.proc.poll() is not None, 120, "a snapshot")
-        assert run.proc.poll() is None, run.stderr
-    finally:
-        run.kill()
+    killed_after_a_snapshot(run)
     seen = dumps(record)
     work = str(tmp_path / "workspace" / "cairn")
     assert seen and all(kind != "tmpfs" and path.startswith(work) for kind, path in seen), seen
@@ -111,11 +116,7 @@ def test_disk_staging_keeps_the_dump_in_the_work_directory(tmp_path: Path) -> No
 def test_a_killed_runs_memory_staging_goes_with_the_next_run_of_any_key(tmp_path: Path) -> None:
     wrapper, record = criu_recording_its_dumps(tmp_path)
     first = counter(tmp_path, wrapper, "memory")
-    try:
-        wait_for(lambda: first.committed() or first.proc.poll() is not None, 120, "a snapshot")
-        assert first.proc.poll() is None, first.stderr
-    finally:
-        first.kill()  # SIGKILL: the run cannot remove its memory directory
+    killed_after_a_snapshot(first)  # SIGKILL: the run cannot remove its memory directory
     memory_dir = re.search(r"staging the dump in memory at (\S+) \(--staging memory",
                            first.stderr).group(1)
     assert os.path.isdir(memory_dir), "the killed run's memory directory is left behind"
