@@ -73,6 +73,7 @@ class SideRun:
     snapshots: int
     written_bytes: int
     state_bytes: int
+    stall_s: float  # the loop's time inside the snapshotting calls
     cpu_s: float  # the side's process and every child it reaped
 
 
@@ -100,7 +101,7 @@ def run_side(s: Settings, side: str, interval: float, steps: int) -> SideRun:
         out = json.load(f)
     shutil.rmtree(work, ignore_errors=True)
     return SideRun(side, out["steps_s"], out["snapshots"], out["written_bytes"],
-                   out["state_bytes"], cpu)
+                   out["state_bytes"], out["stall_s"], cpu)
 
 
 def calibrate(s: Settings) -> float:
@@ -134,6 +135,7 @@ def measure(s: Settings, rate: float) -> list[dict[str, Any]]:
             written = statistics.median(r.written_bytes for r in runs[side])
             row[side] = {"steps_s": round(med, 3), "slowdown": round(med / base, 4),
                          "snapshots": min(r.snapshots for r in runs[side]),
+                         "stall_s": round(statistics.median(r.stall_s for r in runs[side]), 3),
                          "written_share": round(written / row["state_bytes"], 4),
                          "cpu_share": round(cpu / med / cores, 4)}
             if side == "cairn" and row["target"] is not None:
@@ -144,7 +146,7 @@ def measure(s: Settings, rate: float) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]], sides: tuple[str, ...]) -> None:
     print(f"\n{'interval':>9} {'side':<12} {'steps s':>8} {'slowdown':>9} {'target':>7}       "
-          f"{'snaps':>6} {'written':>8} {'snap CPU':>9}")
+          f"{'snaps':>6} {'stall s':>8} {'written':>8} {'snap CPU':>9}")
     for row in rows:
         print(f"{row['interval_s']:>8g}s {'none':<12} {row['none_s']:>8.2f} {1.0:>9.3f}")
         for side in sides[1:]:
@@ -153,8 +155,10 @@ def print_table(rows: list[dict[str, Any]], sides: tuple[str, ...]) -> None:
             verdict = "" if "met" not in r else ("met" if r["met"] else "MISSED")
             print(f"{'':>9} {side:<12} {r['steps_s']:>8.2f} {r['slowdown']:>9.3f} "
                   f"{target if target else '-':>7} {verdict:<6}{r['snapshots']:>5} "
-                  f"{100 * r['written_share']:>7.1f}% {100 * r['cpu_share']:>8.1f}%")
-    print("(written: what one snapshot wrote, as a share of the state (cairn: the median after "
+                  f"{r['stall_s']:>8.2f} {100 * r['written_share']:>7.1f}% "
+                  f"{100 * r['cpu_share']:>8.1f}%")
+    print("(stall s: the steps' time inside the snapshotting calls, all snapshots together; "
+          "written: what one snapshot wrote, as a share of the state (cairn: the median after "
           "its first; DCP: its last checkpoint); snap CPU: the side's CPU over none's, as a "
           "share of its steps' time out of every core; floor: slowdown 1.0)")
 

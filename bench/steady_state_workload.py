@@ -25,8 +25,10 @@ Sides (``--interval T`` seconds between snapshots):
 
 The result file (JSON, written by a rename): ``steps_s`` (the step loop's own time,
 ``CLOCK_MONOTONIC``), ``steps``, ``snapshots`` (started inside the loop), ``state_bytes``,
-``written_bytes`` (bytes a snapshot wrote: cairn's median over its snapshots after the first, DCP's last
-checkpoint's directory), ``setup_s`` and ``teardown_s``.
+``written_bytes`` (bytes a snapshot wrote: cairn's median over its snapshots after the
+first, DCP's last checkpoint's directory), ``stall_s`` (the loop's time inside the
+snapshotting calls: ``Checkpointer.step``, or ``async_save`` with the wait for the save before
+it), ``setup_s`` and ``teardown_s``.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ def main() -> None:
         dcp_saver = DcpSaver(os.path.join(args.dir, "dcp"), process=args.side == "dcp_process")
     setup_s = time.monotonic() - setup_start
     snapshots = 0
+    stall_s = 0.0  # the loop's time inside the snapshotting calls
     committed: dict[int, int] = {}  # cairn's snapshots: seq -> bytes written
     start = time.monotonic()
     next_dcp = start + args.interval
@@ -187,10 +190,14 @@ def main() -> None:
         loss.backward()
         opt.step()
         if ckpt is not None:
+            called = time.monotonic()
             snapshots += bool(ckpt.step(step))
+            stall_s += time.monotonic() - called
             note_commits(ckpt, committed)
         elif dcp_saver is not None and time.monotonic() >= next_dcp:
+            called = time.monotonic()
             dcp_saver.save(model, opt)
+            stall_s += time.monotonic() - called
             snapshots += 1
             next_dcp = time.monotonic() + args.interval
     steps_s = time.monotonic() - start
@@ -210,7 +217,7 @@ def main() -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
     result = {"steps_s": steps_s, "steps": args.steps, "snapshots": snapshots,
-              "state_bytes": state_bytes(model), "written_bytes": written,
+              "state_bytes": state_bytes(model), "written_bytes": written, "stall_s": stall_s,
               "setup_s": setup_s, "teardown_s": time.monotonic() - teardown_start}
     with open(args.result + ".tmp", "w", encoding="ascii") as f:
         json.dump(result, f)
