@@ -165,6 +165,7 @@ class LinkProxy:
         self._server: asyncio.base_events.Server | None = None
         self._next_reset = faults.reset_every_bytes
         self._next_stall = faults.stall_every_bytes
+        self._writers: set[asyncio.StreamWriter] = set()  # touched on the loop's thread only
 
     @property
     def address(self) -> str:
@@ -182,6 +183,8 @@ class LinkProxy:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            for writer in list(self._writers):  # every connection ends with the link
+                writer.transport.abort()
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task():
                     task.cancel()
@@ -199,11 +202,25 @@ class LinkProxy:
     async def _serve(self, client_r: asyncio.StreamReader,
                      client_w: asyncio.StreamWriter) -> None:
         self._count(connections=1)
+        self._writers.add(client_w)
         try:
             server_r, server_w = await asyncio.open_connection(*self.target, limit=_MAX_HEAD)
         except OSError:
             client_w.close()
             return
+        except asyncio.CancelledError:
+            return  # the link is closing
+        self._writers.add(server_w)
+        try:
+            await self._relay(client_r, client_w, server_r, server_w)
+        except asyncio.CancelledError:
+            pass  # the link is closing: its connections were aborted
+        finally:
+            self._writers.discard(client_w)
+            self._writers.discard(server_w)
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                     server_r: asyncio.StreamReader, server_w: asyncio.StreamWriter) -> None:
         stall_until = [0.0]
         delay = self.rtt_s / 2
         to_server = _Pacer(server_w, delay=delay, rate=self.rate, stalled=lambda: stall_until[0])
