@@ -139,3 +139,25 @@ def test_a_reset_mid_download_is_resumed_and_the_object_read_whole(gcs_through) 
     stats = proxy.stats.snapshot()
     assert got == data
     assert stats["resets"] >= 1 and stats["to_client"] < 2 * len(data), stats
+
+
+@pytest.mark.gcs
+def test_a_stalled_link_delays_the_read_and_the_object_comes_back_whole(gcs_through) -> None:
+    bucket, link = gcs_through
+    data, url = os.urandom(3 << 20), _url(bucket)
+    backend = _backend(url)
+    try:
+        backend.create("big", data)
+    finally:
+        backend.close()
+    proxy = link(faults=Faults(stall_every_bytes=1 << 20, stall_s=0.5))
+    backend = _backend(url)
+    try:
+        start = time.monotonic()
+        got = backend.read("big")
+        took = time.monotonic() - start
+    finally:
+        backend.close()
+    stats = proxy.stats.snapshot()
+    assert got == data and stats["stalls"] >= 2, stats
+    assert took >= 0.5 * stats["stalls"] - 0.5  # the stalls were served (the last may trail)
