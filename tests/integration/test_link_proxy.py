@@ -101,6 +101,18 @@ def _url(bucket: str) -> str:
     return f"gs://{bucket}/link-{os.urandom(3).hex()}"
 
 
+def _big_object(bucket: str) -> tuple[bytes, str]:
+    """3 MiB of random bytes written as ``big`` in a fresh store prefix (straight to the
+    server); the bytes and the prefix's URL."""
+    data, url = os.urandom(3 << 20), _url(bucket)
+    backend = _backend(url)
+    try:
+        backend.create("big", data)
+    finally:
+        backend.close()
+    return data, url
+
+
 @pytest.mark.gcs
 def test_cairn_s_gcs_backend_retries_injected_503s_and_429s(gcs_through) -> None:
     bucket, link = gcs_through
@@ -124,12 +136,7 @@ def test_a_reset_mid_download_is_resumed_and_the_object_read_whole(gcs_through) 
     backend reads the 3 MiB object whole, resuming where each reset cut it (fewer bytes
     crossed the link than two whole downloads), never returning the cut response."""
     bucket, link = gcs_through
-    data, url = os.urandom(3 << 20), _url(bucket)
-    backend = _backend(url)
-    try:
-        backend.create("big", data)
-    finally:
-        backend.close()
+    data, url = _big_object(bucket)
     proxy = link(faults=Faults(reset_every_bytes=1 << 20))
     backend = _backend(url)
     try:
@@ -144,12 +151,7 @@ def test_a_reset_mid_download_is_resumed_and_the_object_read_whole(gcs_through) 
 @pytest.mark.gcs
 def test_a_stalled_link_delays_the_read_and_the_object_comes_back_whole(gcs_through) -> None:
     bucket, link = gcs_through
-    data, url = os.urandom(3 << 20), _url(bucket)
-    backend = _backend(url)
-    try:
-        backend.create("big", data)
-    finally:
-        backend.close()
+    data, url = _big_object(bucket)
     proxy = link(faults=Faults(stall_every_bytes=1 << 20, stall_s=0.5))
     backend = _backend(url)
     try:
