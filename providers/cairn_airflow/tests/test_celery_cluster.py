@@ -398,8 +398,8 @@ def test_a_frozen_node_s_zombie_is_fenced_and_the_retry_loses_nothing(
         stack.wait_for(lambda: all(_state(p) in ("Z", "X") for p in writers),
                        what="the zombie's writer to stop at the fence", timeout=120)
         stopped_at = len(read_progress(progress))
-        # Its task waits for the frozen supervisor (Airflow's task API is request-reply).
-        assert not any(r["epoch"] == 1 for r in _outcome_records(cluster, key))
+        # Its task records its outcome in the store before it talks to Airflow (issue 34): it
+        # may do so now or, when its logging waits on the frozen supervisor, once thawed.
     finally:
         _signal_all(everything, signal.SIGCONT)
     stack.wait_for(lambda: any(r["epoch"] == 1 for r in _outcome_records(cluster, key)),
