@@ -19,7 +19,10 @@ direction) paces them. Faults, each counted in :attr:`LinkProxy.stats`:
 * ``reset_every_bytes=B``: a connection is reset (RST: ``SO_LINGER`` 0) once B more bytes
   went from the server to the client over all connections, mid-response;
 * ``stall_every_bytes=B``, ``stall_s``: once B more bytes went to the client, the link
-  stops delivering for ``stall_s`` seconds (both directions of that connection).
+  stops delivering for ``stall_s`` seconds (both directions of that connection);
+* ``drop_request_headers``: those headers are removed from every request (a server that
+  ignores them, as an S3-compatible endpoint without conditional writes ignores
+  ``If-None-Match``).
 
 The proxy runs an asyncio loop on a thread of its own; every method may be called from any
 thread. It is a stand-in for the network only: the server behind it is a real one.
@@ -48,6 +51,8 @@ class Faults:
     reset_every_bytes: int | None = None
     stall_every_bytes: int | None = None
     stall_s: float = 1.0
+    #: Request headers removed on the way (lower-case names): an endpoint that ignores them.
+    drop_request_headers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -113,6 +118,14 @@ def _status_response(status: int) -> bytes:
     if status == 429:
         head += "Retry-After: 0\r\n"
     return (head + "\r\n").encode() + body
+
+
+def _drop_headers(request: bytes, names: tuple[str, ...]) -> bytes:
+    head, sep, body = request.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    kept = [lines[0]] + [line for line in lines[1:]
+                         if line.split(b":", 1)[0].strip().lower().decode("latin-1") not in names]
+    return b"\r\n".join(kept) + sep + body
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
@@ -268,6 +281,8 @@ class LinkProxy:
                     self._count(statuses=1)
                     to_client.send(_status_response(self.faults.status))
                     continue
+                if self.faults.drop_request_headers:
+                    request = _drop_headers(request, self.faults.drop_request_headers)
                 self._count(to_server=len(request))
                 to_server.send(request)
         except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError):
