@@ -5,6 +5,9 @@
   backoff, then ``batch_inference`` over each dataset with ParallelFor (one key per dataset).
 - ``process_mode_pipeline``: self-hosted KFP only: an unmodified script under ``cairn run``,
   its pod labelled for the cluster's process-mode policy (``deploy/``).
+- ``s3_store_pipeline``: state mode on EKS (or any cluster with an S3-compatible store): a
+  ``train`` step whose snapshots go to S3, credentials from the run's service account through
+  IRSA or EKS Pod Identity (no key in the pipeline), on Karpenter's spot nodes.
 - ``spot_fallback_pipeline``: ``train`` on A100 spot nodes with three resuming retries, then
   an on-demand A100 fallback task on the same key that resumes from the spot task's last
   snapshot (``cairn_kfp.with_fallback``); the fallback's output is the step's result either way.
@@ -19,7 +22,7 @@ for your own code, installed in the image you pass as ``image``.
 import sys
 from pathlib import Path
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 
 import cairn_kfp
 from cairn.policy import CapacityOption
@@ -27,6 +30,7 @@ from cairn_kfp.kubernetes import (
     add_process_mode_label,
     set_deadline,
     set_retries,
+    use_bucket_store,
     use_gcs_store,
     use_spot_nodes,
 )
@@ -73,6 +77,25 @@ def process_mode_pipeline(store: str = STORE) -> None:
     set_retries(task, 3, backoff="60s")
 
 
+S3_STORE = "s3://my-bucket/cairn"
+
+
+@dsl.pipeline(name="cairn-s3-store", description="Training on EKS spot nodes, snapshots in S3.")
+def s3_store_pipeline() -> dict:
+    trained = cairn_kfp.train(
+        entrypoint="my_project.train:main", arguments={"epochs": 3, "lr": 0.001},
+        cairn_options={"every_seconds": 300.0})
+    # IRSA / EKS Pod Identity: create the run with a service account bound to an IAM role
+    # allowed s3:GetObject, PutObject, DeleteObject and ListBucket on the bucket.
+    use_bucket_store(trained, S3_STORE)
+    trained.set_env_variable("AWS_REGION", "us-east-1")
+    kubernetes.add_node_selector(trained, label_key="karpenter.sh/capacity-type",
+                                 label_value="spot")
+    set_retries(trained, 5, backoff="60s")
+    trained.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+    return trained.output
+
+
 A100 = {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}
 A100_SPOT = CapacityOption.gke_spot("a100-spot", price_per_hour=1.15, node_selector=A100)
 A100_ON_DEMAND = CapacityOption("a100", price_per_hour=3.67, node_selector=A100)
@@ -95,6 +118,7 @@ def spot_fallback_pipeline() -> dict:
 
 PIPELINES = {"training_pipeline": training_pipeline,
              "process_mode_pipeline": process_mode_pipeline,
+             "s3_store_pipeline": s3_store_pipeline,
              "spot_fallback_pipeline": spot_fallback_pipeline}
 
 
