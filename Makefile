@@ -22,7 +22,7 @@ all: test
 # compiles a module's bytecode when it is first imported (see PYTHONDONTWRITEBYTECODE above),
 # so only what is used is compiled (torch's install alone takes 16 s of CPU less).
 TORCH     := torch==2.13.0
-MAIN_REQS := -e '.[dev,gcs]'
+MAIN_REQS := -e '.[dev,gcs,s3]'
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0, pinned for development and tests (the runtime range is torch>=2.4). Which
@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# The bytecode of what cairn's commands and a training script import, written once here
 	# (5 s of CPU): a user whose shell sets PYTHONDONTWRITEBYTECODE would otherwise compile it
 	# again in every `cairn run` and every training process (2.5 s of CPU per `import torch`).
-	$(PY) -c 'import torch, cairn.cli.main, cairn.process.supervisor, cairn.process.restore, cairn.store.gcs, cairn.state, cairn.k8s.sidecar'
+	$(PY) -c 'import torch, cairn.cli.main, cairn.process.supervisor, cairn.process.restore, cairn.store.gcs, cairn.store.s3, cairn.state, cairn.k8s.sidecar'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -159,7 +159,7 @@ newest-venv:
 
 $(LOWEST_PINS): pyproject.toml scripts/lowest_constraints.py
 	mkdir -p $(@D)
-	$(PYTHON) scripts/lowest_constraints.py --extras dev,gcs --pin '$(TORCH)' > $@
+	$(PYTHON) scripts/lowest_constraints.py --extras dev,gcs,s3 --pin '$(TORCH)' > $@
 
 $(LOWEST_STAMP): pyproject.toml $(LOWEST_PINS)
 	$(PYTHON) -m venv $(LOWEST_VENV)

@@ -7,12 +7,16 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from cairn.store.backend import Backend
 from cairn.store.local import LocalBackend
+
+if TYPE_CHECKING:
+    from tests.support.s3_server import S3Server
 
 # Hypothesis times its examples: a deadline per example and a health check on how fast data
 # is generated. make test runs the suites side by side on two cores, so both measure the
@@ -66,6 +70,33 @@ def gcs_bucket(gcs_server: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 server process (moto's: a fake of Amazon S3, see tests/support/s3_server.py).
+
+    Sets ``AWS_ENDPOINT_URL`` and fake credentials in this process's environment, so cairn's
+    S3 backend, and the processes a test starts, talk to it."""
+    from tests.support.s3_server import S3Server
+
+    with S3Server() as server:
+        saved = {name: os.environ.get(name) for name in server.environment()}
+        os.environ.update(server.environment())
+        try:
+            yield server
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture()
+def s3_bucket(s3_server: S3Server) -> str:
+    """A fresh, empty bucket on the S3 server; returns its name."""
+    return s3_server.make_bucket(f"cairn-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
 def toy_store_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The root of the toy store (``toy://``), a backend cairn does not know: the test-only
     distribution ``tests/support/toy_store`` plugs it in through the ``cairn.stores`` entry
@@ -78,9 +109,10 @@ def toy_store_root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 #: cairn's own backends: every test that uses a store runs on each.
 BACKENDS = ("local", "gcs")
-#: Backends plugged in from outside (through the ``cairn.stores`` entry point, as a third
-#: party's would be): only the conformance modules run on them.
-PLUGGED_IN = ("toy",)
+#: Backends only the conformance modules run on: one plugged in from outside (through the
+#: ``cairn.stores`` entry point, as a third party's would be), and cairn's S3 backend, which
+#: the code above the backend uses as it uses GCS's.
+CONFORMANCE_ONLY = ("toy", "s3")
 #: The store conformance modules: the contracts every backend must meet.
 CONFORMANCE_MODULES = frozenset({
     "tests/integration/store/test_backend_conformance.py",
@@ -94,16 +126,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.hookimpl(tryfirst=True)  # before the fixtures' own params: ids stay backend-first
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize ``backend_url`` (and so ``backend`` and ``store``) by the test's module:
-    :data:`BACKENDS` everywhere, and :data:`PLUGGED_IN` too in :data:`CONFORMANCE_MODULES`.
+    :data:`BACKENDS` everywhere, and :data:`CONFORMANCE_ONLY` too in :data:`CONFORMANCE_MODULES`.
 
     The toy backend is there to prove that a backend plugged in from outside meets the
-    contracts cairn builds on, which is what the conformance modules state. Every other test
-    that uses a store exercises cairn's code above the backend, the same whichever one is
-    below: a third run of each on the toy proved nothing more and only cost CI time."""
+    contracts cairn builds on, which is what the conformance modules state, and S3 meets them
+    the same way. Every other test that uses a store exercises cairn's code above the backend,
+    the same whichever one is below: a third run of each proved nothing more and only cost CI
+    time (the S3 kill trials and GC tests are in tests/integration/store/test_s3_*.py)."""
     if "backend_url" not in metafunc.fixturenames:
         return
     module = metafunc.definition.path.resolve().relative_to(ROOT).as_posix()
-    kinds = BACKENDS + PLUGGED_IN if module in CONFORMANCE_MODULES else BACKENDS
+    kinds = BACKENDS + CONFORMANCE_ONLY if module in CONFORMANCE_MODULES else BACKENDS
     metafunc.parametrize("backend_url", kinds, indirect=True)
 
 
@@ -117,6 +150,8 @@ def backend_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "toy":
         request.getfixturevalue("toy_store_root")
         return f"toy://bucket/{suffix}"
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('s3_bucket')}/{suffix}"
     bucket = request.getfixturevalue("gcs_bucket")
     return f"gs://{bucket}/{suffix}"
 

@@ -152,10 +152,19 @@ def cmd_gc(args: argparse.Namespace, store: Store) -> int:
         "raced": report.raced,
         "unreadable_records": report.unreadable_records,
         "temporaries_removed": report.temporaries_removed,
+        "packs_condemned": len(report.condemned),
+        "packs_condemned_earlier": report.packs_condemned_earlier,
     }
     verb = "would free" if report.dry_run else "freed"
-    emit(args, doc, f"{verb} {human_size(report.bytes_freed)} in {len(report.deleted)} packs "
-                     f"({report.packs_referenced} in use, {report.packs_in_grace} within grace)")
+    text = (f"{verb} {human_size(report.bytes_freed)} in {len(report.deleted)} packs "
+            f"({report.packs_referenced} in use, {report.packs_in_grace} within grace)")
+    if report.condemned or report.packs_condemned_earlier:
+        # A backend whose deletes a touch cannot guard (S3): ADR 0048.
+        text += (f"; {'would condemn' if report.dry_run else 'condemned'} "
+                 f"{len(report.condemned)} unused packs and {report.packs_condemned_earlier} "
+                 "condemned earlier wait: a `cairn gc` run once they are a grace period old "
+                 "deletes them")
+    emit(args, doc, text)
     return ExitCode.OK
 
 

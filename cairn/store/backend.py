@@ -22,6 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 
+#: Names a backend may create and delete for its own checks (a probe of the endpoint); they
+#: are not store content, and a store that holds only these counts as empty.
+SCRATCH_PREFIX = "tmp/"
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """What a listing says of one object.
@@ -63,6 +68,14 @@ class Backend(abc.ABC):
     """Named immutable objects. See the module docstring for the contracts."""
 
     url: str
+    #: Whether ``delete(if_version=)`` fails, atomically, for an object touched after that
+    #: version was listed (GCS: generation and metageneration preconditions; a local rename).
+    #: False (S3: ``If-Match`` names the ETag, which a touch keeps): garbage collection then
+    #: condemns a pack a grace period before it deletes it (:mod:`cairn.store.gc`).
+    guarded_deletes: bool = True
+    #: ``updated``, and a version derived from it, move in steps of this many seconds: a
+    #: touch or re-create within one step may leave them unchanged (S3's ``LastModified``: 1).
+    version_resolution_seconds: float = 0.0
 
     @abc.abstractmethod
     def create(self, name: str, data: bytes) -> None:

@@ -6,6 +6,8 @@ older than the grace period, and the delete is guarded by the version seen in th
 A writer touches every pack it reuses before recording the reference and commits within half
 the grace, so a pack it relies on is either seen as recently used, or its version changed and
 the guarded delete fails, or the touch finds it gone and the writer writes the chunk again.
+On a backend whose deletes a touch cannot guard (S3), a pack is condemned first and deleted
+by a pass a grace period later (:mod:`cairn.store.condemned`, ADR 0048).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cairn.exceptions import CorruptSnapshot, NotFound, PreconditionFailed
-from cairn.store.backend import Backend
+from cairn.store.backend import Backend, ObjectInfo
+from cairn.store.condemned import Condemnation, condemn, read_condemnations
 from cairn.store.local import LocalBackend
 from cairn.store.packs import PACKS_PREFIX
 from cairn.store.manifest import manifest_from_json
@@ -45,6 +48,10 @@ class GCReport:
     unreadable_records: list[str] = field(default_factory=list)
     temporaries_removed: int = 0
     stale_parts_removed: int = 0
+    #: Packs this pass condemned (deleted by a pass a grace period later), and packs an
+    #: earlier condemnation holds that are not yet due (backends without guarded deletes).
+    condemned: list[str] = field(default_factory=list)
+    packs_condemned_earlier: int = 0
     dry_run: bool = False
 
 
@@ -87,6 +94,10 @@ def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
     report = GCReport(dry_run=dry_run)
     packs = list(backend.list(PACKS_PREFIX))  # before the manifests: see the module docstring
     report.packs_total = len(packs)
+    condemnations: list[Condemnation] = []
+    if not backend.guarded_deletes:  # also before the manifests (cairn.store.condemned)
+        condemnations, unreadable = read_condemnations(backend)
+        report.unreadable_records.extend(unreadable)
     referenced: set[str] = set()
     now = time.time()
     for path in key_paths(backend):
@@ -108,6 +119,14 @@ def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
                 referenced |= record.manifest.packs()
             except CorruptSnapshot as e:  # a chunk table that does not decode (ADR 0044)
                 report.unreadable_records.append(f"{path} seq {seq}: {e}")
+    due = {}  # pack -> version, condemned at least a grace period ago
+    pending: set[str] = set()
+    for c in condemnations:
+        if now - c.created >= grace:
+            due.update(c.packs)
+        else:
+            pending.update(c.packs)
+    to_condemn: dict[str, str] = {}
     for info in packs:
         if info.name in referenced:
             report.packs_referenced += 1
@@ -115,19 +134,37 @@ def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
         if now - info.updated < grace:
             report.packs_in_grace += 1
             continue
-        if dry_run:
-            report.deleted.append(info.name)
-            report.bytes_freed += info.size
+        if not backend.guarded_deletes and due.get(info.name) != info.version:
+            if info.name in pending:
+                report.packs_condemned_earlier += 1
+            else:
+                to_condemn[info.name] = info.version
             continue
-        try:
-            backend.delete(info.name, if_version=info.version)
-        except (PreconditionFailed, NotFound):
-            report.raced.append(info.name)
-            continue
-        report.deleted.append(info.name)
-        report.bytes_freed += info.size
+        _delete_pack(backend, info, report, dry_run=dry_run)
+    if to_condemn:
+        report.condemned.extend(sorted(to_condemn))
+        if not dry_run:
+            condemn(backend, to_condemn)
+    if not dry_run:
+        for c in condemnations:
+            if now - c.created >= grace:  # every pack it named is deleted, used or changed
+                try:
+                    backend.delete(c.name)
+                except NotFound:
+                    pass
     if isinstance(backend, LocalBackend) and not dry_run:
         report.temporaries_removed = backend.remove_stale_temporaries(older_than=now - grace)
     for problem in report.unreadable_records:
         log.warning("gc: unreadable record %s", problem)
     return report
+
+
+def _delete_pack(backend: Backend, info: ObjectInfo, report: GCReport, *, dry_run: bool) -> None:
+    if not dry_run:
+        try:
+            backend.delete(info.name, if_version=info.version)
+        except (PreconditionFailed, NotFound):
+            report.raced.append(info.name)
+            return
+    report.deleted.append(info.name)
+    report.bytes_freed += info.size

@@ -1,11 +1,12 @@
 """The registry of store kinds: which :class:`~cairn.store.kind.StoreKind` a store URL names.
 
-A bare path and ``file://`` are the ``file`` kind, ``gs://`` the ``gs`` kind; any other scheme
+A bare path and ``file://`` are the ``file`` kind, ``gs://`` the ``gs`` kind, ``s3://`` the
+``s3`` kind; any other scheme
 is looked up among the entry points of the group :data:`ENTRY_POINT_GROUP` (``cairn.stores``)
 that installed distributions declare, the way fsspec finds its implementations::
 
     [project.entry-points."cairn.stores"]
-    s3 = "my_package.cairn_kind:KIND"     # the name is the scheme; the object a StoreKind
+    azure = "my_package.cairn_kind:KIND"     # the name is the scheme; the object a StoreKind
 
 The entry points are read only for a scheme cairn does not know, or to list every kind (about
 20-35 ms here), and then once per process. A distribution's kind must implement this cairn's
@@ -21,13 +22,13 @@ import os
 from dataclasses import replace
 
 from cairn.exceptions import ConfigError
-from cairn.store import kind_file, kind_gcs
+from cairn.store import kind_file, kind_gcs, kind_s3
 from cairn.store.kind import API_VERSION, StoreKind
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "cairn.stores"
-BUILTIN: tuple[StoreKind, ...] = (kind_file.KIND, kind_gcs.KIND)
+BUILTIN: tuple[StoreKind, ...] = (kind_file.KIND, kind_gcs.KIND, kind_s3.KIND)
 _BUILTIN_BY_SCHEME = {k.scheme: k for k in BUILTIN}
 
 

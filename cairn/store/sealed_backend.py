@@ -29,6 +29,8 @@ class SealedBackend(Backend):
         self.inner = inner
         self.sealer = sealer
         self.url = inner.url
+        self.guarded_deletes = inner.guarded_deletes
+        self.version_resolution_seconds = inner.version_resolution_seconds
         self._raw_names = raw_names
         # The last sealed object read by range, opened once for all its ranges: (name,
         # version) -> plaintext.

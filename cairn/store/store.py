@@ -38,7 +38,7 @@ from cairn.exceptions import (
     StoreError,
 )
 from cairn.store.attempt import Attempt
-from cairn.store.backend import Backend
+from cairn.store.backend import SCRATCH_PREFIX, Backend
 from cairn.store.hashing import digest as plain_digest
 from cairn.store.keyring import (
     KEYRING_PREFIX,
@@ -215,6 +215,8 @@ class Store:
                            "check the URL, or write a snapshot there first")
         for info in self.backend.list(""):
             if info.name.startswith(KEYRING_PREFIX):  # another process is creating it
+                continue
+            if info.name.startswith(SCRATCH_PREFIX):  # a backend's probe, gone in a moment
                 continue
             if info.name == CONFIG_NAME:  # another process created the store meanwhile
                 return self._parse_config(self.backend.read(CONFIG_NAME))

@@ -7,7 +7,9 @@ earlier point leaves at most unreferenced packs, which garbage collection remove
 Dedup is only against the parent snapshot's chunks and chunks this attempt wrote itself. A
 reused chunk's pack is *touched* before the reference is recorded: garbage collection never
 deletes a pack touched within its grace period, and its version-guarded delete loses to a
-touch that races it. A touch that finds the pack gone means the chunk is written again.
+touch that races it. A touch that finds the pack gone means the chunk is written again. On a
+backend whose deletes a touch cannot guard (S3), a pack garbage collection has condemned is
+not reused at all (:mod:`cairn.store.condemned`).
 
 A file added with ``locators`` (a process image's pages: where each chunk sits in the address
 space) may have a changed chunk stored as a page delta against the full chunk the attempt's
@@ -30,6 +32,7 @@ from typing import IO, Any, Callable, Protocol
 from cairn.exceptions import ConfigError, NotFound, SnapshotTooSlow
 from cairn.store import delta
 from cairn.store.chunking import chunk_spans, segments
+from cairn.store.condemned import condemned_packs
 from cairn.store.manifest import (
     ChunkRef,
     FileEntry,
@@ -122,6 +125,7 @@ class SnapshotWriter:
         self._progress = progress
         self._files: dict[str, FileEntry] = {}
         self._fresh_packs: set[str] = set()
+        self._condemned_packs: frozenset[str] | None = None
         self._packs = PackWriter(
             self._store.backend,
             pack_bytes=settings.pack_bytes,
@@ -339,12 +343,24 @@ class SnapshotWriter:
             return None
         return ref if self._protect(ref) else None
 
+    def _condemned(self) -> frozenset[str]:
+        """The packs GC condemned, read once, before the first reuse (cairn.store.condemned):
+        none on a backend whose deletes a touch guards."""
+        if self._condemned_packs is None:
+            backend = self._store.backend
+            self._condemned_packs = (frozenset() if backend.guarded_deletes
+                                     else condemned_packs(backend))
+        return self._condemned_packs
+
     def _protect(self, ref: ChunkRef) -> bool:
         """Touch every pack ``ref`` reads from (GC then keeps them for its grace period);
         False when one is gone, whose chunks are then forgotten."""
         for pack in ref.packs():
             if pack in self._packs.created or pack in self._fresh_packs:
                 continue
+            if pack in self._condemned():
+                self._attempt.forget_pack(pack)
+                return False
             try:
                 self._store.backend.touch(pack)
             except NotFound:

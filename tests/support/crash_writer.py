@@ -1,6 +1,7 @@
 """A snapshot writer to SIGKILL: ``python -m tests.support.crash_writer WORKDIR SEED``.
 
-It commits snapshots of one key to the store ``WORKDIR/store``, forever, and after each commit
+It commits snapshots of one key to the store ``WORKDIR/store`` (or the URL in
+``$CAIRN_CRASH_STORE_URL``), forever, and after each commit
 returns appends ``"<seq> <n>\\n"`` to ``WORKDIR/acks`` with flush and fsync. Snapshot ``n``
 (counted from 0) holds exactly :func:`snapshot_files` ``(SEED, n)``, so the killing test can
 regenerate every byte. It prints ``ready`` once imported, so the kill can be timed from there."""
@@ -35,8 +36,12 @@ def snapshot_files(seed: int, n: int) -> dict[str, bytes]:
     }
 
 
+#: A store URL to write to instead of ``WORKDIR/store`` (the S3 kill trials).
+STORE_URL_ENV = "CAIRN_CRASH_STORE_URL"
+
+
 def store_dir(workdir: str) -> str:
-    return os.path.join(workdir, "store")
+    return os.environ.get(STORE_URL_ENV) or os.path.join(workdir, "store")
 
 
 def ack_path(workdir: str) -> str:

@@ -25,6 +25,9 @@ def overwrite(backend: Backend, name: str, data: bytes) -> None:
             f.truncate(0)
             f.write(data)
         return
+    if backend.url.startswith("s3://"):
+        backend._client.put_object(Bucket=backend.bucket, Key=backend._key(name), Body=data)
+        return
     from google.cloud import storage
 
     bucket_name, _, prefix = backend.url[len("gs://"):].partition("/")

@@ -38,6 +38,17 @@ def test_gcs_keyfile_becomes_the_credentials_variable() -> None:
         store_config_from_connection(_conn("/local", gcs_keyfile_path="/secrets/key.json"))
 
 
+def test_s3_fields_set_the_aws_variables() -> None:
+    config = store_config_from_connection(_conn(
+        "s3://bkt/p", s3_endpoint_url="http://minio:9000", s3_region="eu-west-1",
+        s3_profile="training"))
+    assert config.env == {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_REGION": "eu-west-1",
+                          "AWS_PROFILE": "training"}
+    with pytest.raises(ConfigError, match="s3_region is set but the store 'gs://b/p' is not on "
+                                          "Amazon S3"):
+        store_config_from_connection(_conn("gs://b/p", s3_region="eu-west-1"))
+
+
 def test_only_allowlisted_extras_are_read(caplog: pytest.LogCaptureFixture) -> None:
     config = store_config_from_connection(
         _conn(store_url="gs://b/p", keyfile_dict='{"private_key": "x"}', project="p"))

@@ -40,7 +40,8 @@ def test_the_toy_kinds_connection_field_sets_its_variable() -> None:
 def test_the_connection_form_has_every_installed_kinds_fields() -> None:
     (connection,) = get_provider_info()["connection-types"]
     fields = connection["conn-fields"]
-    assert set(fields) == {"store_url", "gcs_keyfile_path", "toy_root"}
+    assert set(fields) == {"store_url", "gcs_keyfile_path", "s3_endpoint_url", "s3_region",
+                           "s3_profile", "toy_root"}
     assert fields["toy_root"]["label"] == "Toy store root"
     assert "toy://BUCKET/PREFIX" in connection["ui-field-behaviour"]["placeholders"]["host"]
 

@@ -107,6 +107,20 @@ def test_rm_then_gc_frees_space(workdir, backend_url: str) -> None:
     assert json.loads(cairn("ls", backend_url, "--json").stdout)[0]["state"] == "done"
 
 
+def test_rm_then_gc_on_s3_condemns_then_frees(workdir, s3_bucket: str) -> None:
+    """On S3 (moto's server, a fake of S3) the first pass condemns and says when space is
+    freed; the pass a grace later frees it (ADR 0048)."""
+    url = f"s3://{s3_bucket}/cli"
+    cairn("put", url, KEY, str(workdir / "ckpt"))
+    cairn("rm", url, KEY)
+    first = cairn("gc", url, "--grace", "0")
+    assert "condemned" in first.stdout and "a `cairn gc` run once they are a grace period " \
+        "old deletes them" in first.stdout, first.stdout
+    gc = json.loads(cairn("gc", url, "--grace", "0", "--json").stdout)
+    assert gc["packs_deleted"] >= 1 and gc["bytes_freed"] >= 3_000_000
+    assert gc["packs_condemned"] == 0
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [

@@ -77,9 +77,11 @@ def test_a_process_snapshot_in_a_bucket_is_sealed_and_resumes_on_another_node(
     assert "CAIRN_SECRET_FILE" in without.stderr and "no secret is configured" in without.stderr
 
 
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
 def test_root_refuses_an_unencrypted_bucket_without_the_opt_out(
-        tmp_path: Path, gcs_bucket: str) -> None:
-    run = _run(tmp_path, f"gs://{gcs_bucket}/plain", {})
+        tmp_path: Path, scheme: str, request: pytest.FixtureRequest) -> None:
+    bucket = request.getfixturevalue("gcs_bucket" if scheme == "gs" else "s3_bucket")
+    run = _run(tmp_path, f"{scheme}://{bucket}/plain", {})
     assert run.wait() == 2
     assert "refusing to run as root on the unencrypted store" in run.stderr
     assert "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE=1" in run.stderr

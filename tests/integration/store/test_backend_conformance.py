@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -101,9 +102,16 @@ def test_list_is_prefix_filtered_and_sorted(backend: Backend) -> None:
     assert {i.size for i in backend.list("other/")} == {len(b"other/1")}
 
 
+def _next_version_step(backend: Backend) -> None:
+    """Let the backend's clock move on: a version may change only once per step (S3's
+    ``LastModified`` is kept to the second)."""
+    time.sleep(backend.version_resolution_seconds)
+
+
 def test_touch_changes_version_and_guards_conditional_delete(backend: Backend) -> None:
     backend.create("packs/p4", b"data")
     before = backend.stat("packs/p4")
+    _next_version_step(backend)
     backend.touch("packs/p4")
     after = backend.stat("packs/p4")
     assert after.version != before.version
@@ -120,6 +128,7 @@ def test_recreated_object_has_new_version(backend: Backend) -> None:
     backend.create("packs/p5", b"data")
     old = backend.stat("packs/p5").version
     backend.delete("packs/p5")
+    _next_version_step(backend)
     backend.create("packs/p5", b"data")
     with pytest.raises(PreconditionFailed):
         backend.delete("packs/p5", if_version=old)

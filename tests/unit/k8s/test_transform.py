@@ -432,7 +432,7 @@ BAD: list[tuple[str, Any, dict[str, Any], str]] = [
     ("latest image", _pod(), {"sidecar_image": "cairn-sidecar:latest"}, "is not pinned"),
     ("untagged image", _pod(), {"sidecar_image": "registry:5000/cairn-sidecar"}, "is not pinned"),
     ("empty key", _pod(), {"key": "/"}, "empty key"),
-    ("bad store", _pod(), {"store": "s3://x"}, r"unsupported store URL scheme 's3'.*gs://BUCKET/PREFIX"),
+    ("bad store", _pod(), {"store": "ftp://x"}, r"unsupported store URL scheme 'ftp'.*gs://BUCKET/PREFIX, s3://BUCKET/PREFIX"),
     ("shared pid namespace", _with(lambda p: p["spec"].update(shareProcessNamespace=True)), {},
      "remove shareProcessNamespace"),
     ("no escalation", _with(lambda p: _main(p).update(

@@ -22,7 +22,8 @@ def test_path_and_file_url_are_local(tmp_path) -> None:
     "url, message",
     [
         ("", "empty store URL"),
-        ("s3://bucket/x", "unsupported store URL scheme 's3'"),
+        ("ftp://bucket/x", "unsupported store URL scheme 'ftp'"),
+        ("s3://Bucket/x", "is not a bucket name"),
         ("gs://", "has no bucket"),
         ("gs:///prefix", "has no bucket"),
         ("file://otherhost/x", "names host"),
