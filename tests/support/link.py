@@ -128,8 +128,13 @@ def _drop_headers(request: bytes, names: tuple[str, ...]) -> bytes:
     return b"\r\n".join(kept) + sep + body
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
-    """One whole HTTP/1.1 request (head and body), or None at a clean end of the stream."""
+async def _read_request(reader: asyncio.StreamReader,
+                        continue_: Callable[[], None]) -> bytes | None:
+    """One whole HTTP/1.1 request (head and body), or None at a clean end of the stream.
+
+    A head with ``Expect: 100-continue`` (boto3 sends it with every upload) is answered
+    ``100 Continue`` by calling ``continue_``, and forwarded without it, as proxies do: the
+    client would otherwise wait a second for it before it sends the body this reads."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as e:
@@ -143,6 +148,9 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
+    if headers.get("expect", "").lower() == "100-continue":
+        continue_()
+        head = _drop_headers(head, ("expect",))
     if "chunked" in headers.get("transfer-encoding", "").lower():
         parts = [head]
         while True:
@@ -271,7 +279,8 @@ class LinkProxy:
                     self._count(to_server=len(data))
                     to_server.send(data)
                     continue
-                request = await _read_request(reader)
+                request = await _read_request(
+                    reader, lambda: to_client.send(b"HTTP/1.1 100 Continue\r\n\r\n"))
                 if request is None:
                     break
                 with self.stats._lock:
