@@ -65,6 +65,7 @@ _UPLOAD_TOKEN_KEY = "cairn-upload"
 _TOUCH_KEY = "cairn-touched"
 _CONFLICT_RETRIES = 8
 _BODY_RETRIES = 5
+_READ_PIECE = 256 << 10
 _NETWORK = (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.ConnectTimeoutError,
             bexc.ReadTimeoutError, bexc.ResponseStreamingError, bexc.IncompleteReadError,
             ConnectionError, TimeoutError)
@@ -352,14 +353,10 @@ class S3Backend(Backend):
     def read(self, name: str) -> bytes:
         self._check_name(name)
         with self._errors("reading", name):
-            for attempt in range(_BODY_RETRIES):
-                try:
-                    return self._client.get_object(Bucket=self.bucket,
-                                                   Key=self._key(name))["Body"].read()
-                except _NETWORK:
-                    if attempt == _BODY_RETRIES - 1:
-                        raise
-        raise AssertionError("unreachable")
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(name))
+            buffer = bytearray(int(response["ContentLength"]))
+            self._fill(name, response, memoryview(buffer), offset=0)
+        return bytes(buffer)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         buffer = bytearray(length)
@@ -367,8 +364,7 @@ class S3Backend(Backend):
         return bytes(buffer[:got]) if got < length else bytes(buffer)
 
     def read_range_into(self, name: str, offset: int, buffer: memoryview) -> int:
-        """Fill ``buffer`` from ``offset``; a body cut off mid-way (a reset, a stall past the
-        read timeout) is asked for again from where it stopped."""
+        """Fill ``buffer`` from ``offset``; returns the bytes read (fewer only at the end)."""
         self._check_name(name)
         if offset < 0:
             raise ValueError(f"negative offset reading {name}")
@@ -376,32 +372,50 @@ class S3Backend(Backend):
         if len(buffer) == 0:
             self.stat(name)
             return 0
-        filled, failures = 0, 0
         with self._errors("reading", name):
-            while filled < len(buffer):
-                start = offset + filled
-                try:
-                    body = self._client.get_object(
-                        Bucket=self.bucket, Key=self._key(name),
-                        Range=f"bytes={start}-{offset + len(buffer) - 1}")["Body"]
-                except bexc.ClientError as e:
-                    if _status(e) == 416 or _code(e) == "InvalidRange":
-                        return filled  # at or past the end (a missing object is a 404)
+            try:
+                response = self._client.get_object(
+                    Bucket=self.bucket, Key=self._key(name),
+                    Range=f"bytes={offset}-{offset + len(buffer) - 1}")
+            except bexc.ClientError as e:
+                if _status(e) == 416 or _code(e) == "InvalidRange":
+                    return 0  # at or past the end (a missing object is a 404)
+                raise
+            length = int(response["ContentLength"])  # fewer than asked at the end
+            return self._fill(name, response, buffer[:length], offset=offset)
+
+    def _fill(self, name: str, response: dict[str, Any], buffer: memoryview, *,
+              offset: int) -> int:
+        """Read ``response``'s body, ``len(buffer)`` bytes of the object from ``offset``, into
+        ``buffer``. A body cut off (a reset, a stall past the read timeout) is asked for again
+        from where it stopped, of the same object (``If-Match`` its ETag); five tries in a row
+        that bring nothing end it."""
+        etag, body = response["ETag"], response["Body"]
+        filled, fruitless = 0, 0
+        while True:
+            before = filled
+            try:
+                while filled < len(buffer):
+                    got = _read_some(body, buffer[filled:])
+                    if not got:
+                        raise bexc.IncompleteReadError(actual_bytes=filled,
+                                                       expected_bytes=len(buffer))
+                    filled += got
+                return filled
+            except _NETWORK:
+                fruitless = 0 if filled > before else fruitless + 1
+                if fruitless >= _BODY_RETRIES:
                     raise
-                wanted = len(buffer) - filled
-                try:
-                    got = _read_body_into(body, buffer[filled:])
-                except _NETWORK:
-                    failures += 1
-                    if failures >= _BODY_RETRIES:
-                        raise
-                    continue
-                finally:
-                    body.close()
-                filled += got
-                if got < wanted:
-                    break  # the object ended
-        return filled
+            finally:
+                body.close()
+            try:
+                body = self._client.get_object(
+                    Bucket=self.bucket, Key=self._key(name), IfMatch=etag,
+                    Range=f"bytes={offset + filled}-{offset + len(buffer) - 1}")["Body"]
+            except bexc.ClientError as e:
+                if _status(e) == 412 or _code(e) == "PreconditionFailed":
+                    raise StoreError(f"{name} in {self.url} changed while it was read") from None
+                raise
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         return self._list(prefix)
@@ -459,21 +473,17 @@ class S3Backend(Backend):
         self._client.close()
 
 
-def _read_body_into(body: Any, buffer: memoryview) -> int:
-    """Read a response body into ``buffer`` until it ends or ``buffer`` is full."""
+def _read_some(body: Any, buffer: memoryview) -> int:
+    """Read at most 256 KiB of what a response body has next into ``buffer``; 0 at its end.
+    (A read that fails keeps nothing of what it got: a body cut off after 1 GiB must not
+    lose it all.)"""
+    buffer = buffer[:_READ_PIECE]
     readinto = getattr(body, "readinto", None)  # botocore >= 1.36
-    filled = 0
-    while filled < len(buffer):
-        if readinto is not None:
-            got = readinto(buffer[filled:])
-        else:
-            data = body.read(min(len(buffer) - filled, 1 << 20))
-            got = len(data)
-            buffer[filled:filled + got] = data
-        if not got:
-            break
-        filled += got
-    return filled
+    if readinto is not None:
+        return readinto(buffer)
+    data = body.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
 
 
 class _S3BlobWriter(BlobWriter):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import uuid
@@ -148,3 +149,41 @@ def test_the_documented_lifecycle_rule_is_accepted(s3_server: S3Server, s3_bucke
     stored = client.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"][0]
     assert stored["NoncurrentVersionExpiration"]["NoncurrentDays"] == 1
     assert stored["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] == 1
+
+
+@pytest.mark.parametrize("how", ["whole", "range"])
+def test_a_reset_mid_download_is_resumed_and_the_object_read_whole(
+        s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The link resets the connection each time another MiB went to the client: the backend
+    reads the 3 MiB object whole, asking again from where each reset cut it (fewer bytes
+    crossed the link than two whole downloads), never returning the cut response."""
+    data = os.urandom(3 << 20)
+    S3Backend(s3_bucket, "p").create("packs/big", data)
+    with LinkProxy(("127.0.0.1", s3_server.port),
+                   faults=Faults(reset_every_bytes=1 << 20)) as link:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{link.address}")
+        backend = S3Backend(s3_bucket, "p")
+        if how == "whole":
+            got = backend.read("packs/big")
+        else:
+            buffer = bytearray(len(data) - 5)
+            assert backend.read_range_into("packs/big", 5, memoryview(buffer)) == len(buffer)
+            got = data[:5] + bytes(buffer)
+        stats = link.stats.snapshot()
+    assert got == data
+    assert stats["resets"] >= 2 and stats["to_client"] < 2 * len(data), stats
+
+
+def test_injected_503s_and_429s_are_retried(s3_server: S3Server, s3_bucket: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    for status in (503, 429):
+        with LinkProxy(("127.0.0.1", s3_server.port),
+                       faults=Faults(status_every=3, status=status)) as link:
+            monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{link.address}")
+            backend = S3Backend(s3_bucket, f"retried-{status}")
+            for i in range(3):
+                backend.create(f"objects/{i}", bytes([i]) * 1000)
+            assert [backend.read(f"objects/{i}") for i in range(3)] == \
+                [bytes([i]) * 1000 for i in range(3)]
+            stats = link.stats.snapshot()
+        assert stats["statuses"] >= 3, stats  # a third of at least 10 requests (the open's too)
