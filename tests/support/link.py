@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _READ = 256 << 10
+_PIECE = 64 << 10  # what the link paces as one
 _MAX_HEAD = 64 << 10
 
 
@@ -87,7 +88,9 @@ class _Pacer:
         self.task = asyncio.ensure_future(self._run())
 
     def send(self, data: bytes) -> None:
-        self._queue.put_nowait((time.monotonic() + self._delay, data))
+        due = time.monotonic() + self._delay
+        for start in range(0, len(data), _PIECE):  # a 32 MiB request is paced, not one burst
+            self._queue.put_nowait((due, data[start:start + _PIECE]))
 
     def close(self) -> None:
         self._queue.put_nowait(None)
@@ -97,8 +100,9 @@ class _Pacer:
             while (item := await self._queue.get()) is not None:
                 due, data = item
                 due = max(due, self._next_free, self._stalled())
-                if self._rate:
-                    self._next_free = due + len(data) / self._rate
+                if self._rate:  # a piece arrives once it has crossed at the rate
+                    due += len(data) / self._rate
+                    self._next_free = due
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -251,7 +255,9 @@ class LinkProxy:
             reset = await self._server_side(server_r, to_client, stall_until)
         finally:
             upstream.cancel()
+            to_server.task.cancel()  # the server is done: nothing more goes to it
         if reset:
+            to_client.task.cancel()
             self._reset(client_w)
             server_w.close()
             return
