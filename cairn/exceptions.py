@@ -64,6 +64,19 @@ class CorruptSnapshot(CairnError):
         self.digest = digest
 
 
+class RollbackRefused(CairnError):
+    """A try of this key committed snapshot ``recorded`` (as a place outside the store
+    remembers), and the newest the store now offers is older (``found``; None for none): the
+    newer ones were deleted behind the key's back or fail their checks. Restoring the older
+    one would silently roll hours of work back, so the try does not begin; the caller names
+    where ``recorded`` was kept and how to allow the rollback."""
+
+    def __init__(self, message: str, *, recorded: int, found: int | None) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+        self.found = found
+
+
 class UnsafePath(CorruptSnapshot):
     """A snapshot names a path a restore will not write: outside the roots the restoring side
     configured, through a symlink, a device or another non-regular file, or a file with other

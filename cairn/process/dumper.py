@@ -222,6 +222,8 @@ class Dumper:
                      stall_seconds=st.stall_seconds + dumped - started,
                      bytes_written=st.bytes_written + report.bytes_written,
                      last_seq=report.manifest.seq, last_success_at=time.time())
+        if self.ctx.mark is not None:
+            self.ctx.mark.record(report.manifest.seq)
         log.warning("snapshot seq %d committed: frozen %.0f ms (CRIU)%s, image %.1f MB, written "
                     "%.1f MB (%.0f%%), staging %.1f MB in %s, dump %.2fs + ingest %.2fs",
                     report.manifest.seq, report.frozen_us / 1000, gpu_text(gpu_figures),
@@ -271,6 +273,8 @@ class Dumper:
                          bytes_written=st.bytes_written + result.bytes_written,
                          last_seq=max(result.seq, st.last_seq or 0),
                          last_success_at=time.time())
+            if self.ctx.mark is not None:
+                self.ctx.mark.record(result.seq)
             log.warning("snapshot seq %d committed by the sidecar (entry %s): wrote %.1f MB "
                         "of %.1f MB in %.2fs", result.seq, result.entry,
                         result.bytes_written / 1e6, result.image_bytes / 1e6, result.upload_s)

@@ -30,6 +30,7 @@ from cairn.process import torch_shm, workload
 from cairn.process.child import PID_WAIT_S, Child, kill_tree, wait_for_pids
 from cairn.process.images import read_unix_socket_paths
 from cairn.process.run_context import RunContext
+from cairn.runtime import rollback
 from cairn.store import Manifest, SnapshotMode
 from cairn.store.verdicts import as_read_failure, reading
 
@@ -79,6 +80,9 @@ class Restorer:
                      and i.seq not in self.failed_seqs]
         for info in snapshots:
             manifest = info.manifest
+            if self.ctx.mark is not None:
+                rollback.refuse_older(self.ctx.key, info.seq, self.ctx.rollback_floor,
+                                      self.ctx.mark, flag=rollback.ROLLBACK_FLAG)
             differences = compat_mod.differences(manifest.metadata.get("compat") or {},
                                                  self.ctx.compat, gpu_map=self.ctx.gpu_map())
             if differences:
@@ -104,6 +108,9 @@ class Restorer:
                 break
         if not snapshots:
             reason = f"key {self.ctx.key} has no process snapshot"
+        elif self.ctx.mark is not None and (reason or "").startswith("no snapshot verifies"):
+            rollback.refuse_older(self.ctx.key, None, self.ctx.rollback_floor, self.ctx.mark,
+                                  flag=rollback.ROLLBACK_FLAG)
         log.warning("starting fresh: %s", reason)
         s = self.ctx.settings
         self.child.spawn(s.argv, stdout_path=self.ctx.stdout_path,

@@ -22,7 +22,7 @@ from cairn.process import gpus as gpus_mod
 from cairn.process import snapshot as snap_mod
 from cairn.process import staging as staging_mod
 from cairn.process.run_settings import RunSettings
-from cairn.runtime import channel, env
+from cairn.runtime import channel, env, rollback
 from cairn.runtime.units import human_size
 from cairn.store import Key, Store
 from cairn.store.hashing import digest
@@ -85,6 +85,10 @@ class RunContext:
         self.cost = DumpCost()
         self.store: Store | None = None
         self.attempt: Any = None
+        # ADR 0049: this machine's record of the newest committed seq, and the oldest seq this
+        # try may begin from (None: no check)
+        self.mark: rollback.CommittedMark | None = None
+        self.rollback_floor: int | None = None
         self.criu: str | None = None
         self.compat: dict[str, Any] = {}
         self._cuda: cuda_mod.CudaCheckpoint | bool | None = None  # False: no driver here

@@ -37,6 +37,7 @@ class RunSettings:
     notice_file: str | None = None  # polled for a sidecar's preemption notice (k8s)
     status_file: str | None = None  # written after each snapshot, for the sidecar's metrics
     exclude_seqs: frozenset[int] = frozenset()  # never restored (a resume policy's verdict)
+    allow_rollback: bool = False  # begin older than this machine's committed mark (ADR 0049)
     spool_dir: str | None = None  # hand dumps to `cairn sidecar --upload` here (k8s)
     spool_wait_s: float = 60.0  # at start: wait this long for an earlier run's spooled dumps
     # Where a dump stages without a spool (checked per dump; cairn.process.staging, ADR 0020).

@@ -48,6 +48,7 @@ from cairn.exceptions import (
     Fenced,
     NotFound,
     RestoreFailed,
+    RollbackRefused,
     StoreError,
 )
 from cairn.process import criu as criu_mod
@@ -66,7 +67,7 @@ from cairn.process.restorer import Restorer
 from cairn.process.run_context import RunContext
 from cairn.process.run_settings import DEFAULT_WORKDIR, OnSuccess, RunSettings
 from cairn.process.spool_client import SpoolClient
-from cairn.runtime import channel, env
+from cairn.runtime import channel, env, rollback
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.budget import UNMEASURED_BYTES_PER_S, FinalBudget, estimate_unmeasured
 from cairn.runtime.endings import record_exit
@@ -279,14 +280,22 @@ class Supervisor:
                 log.error("%s", held)
                 store.close()
                 return ExitCode.SUSPENDED
-            attempt = self.ctx.attempt = store.open_attempt(
-                self.key, note={"mode": "process", "host": os.uname().nodename,
-                                "argv": list(self.settings.argv)},
+            mark = self.ctx.mark = rollback.local_mark(store.url, str(self.key))
+            floor = self.ctx.rollback_floor = rollback.oldest_allowed(
+                mark, allowed=self.settings.allow_rollback, exclude=self.settings.exclude_seqs)
+            attempt = self.ctx.attempt = rollback.open_attempt(
+                store, self.key, mark, floor=floor, flag=rollback.ROLLBACK_FLAG,
+                note={"mode": "process", "host": os.uname().nodename,
+                      "argv": list(self.settings.argv)},
                 exclude=self.settings.exclude_seqs)
             if self.dumper.spool is not None:
                 self.dumper.spool.epoch = attempt.epoch
             self._suspend = suspend_mod.SuspendWatch(store, self.key, epoch=attempt.epoch,
                                                      interval_s=self.settings.suspend_poll_s)
+        except RollbackRefused as e:  # before the attempt opens: nothing fenced or restored
+            log.error("%s", e)
+            store.close()
+            return ExitCode.USAGE
         except StoreError as e:
             log.error("cannot open the store: %s", e)
             return ExitCode.STORAGE
@@ -311,6 +320,9 @@ class Supervisor:
         except RestoreFailed as e:  # nothing was skipped: the snapshots stay for the retry
             end = TryEnd(ending=Ending.RESTORE_FAILED)
             log.error("%s (exit %d)", e, ExitCode.RESTORE_FAILED, exc_info=e.__cause__ or e)
+        except RollbackRefused as e:  # the newer snapshots failed their checks (ADR 0049)
+            end = TryEnd(ending=Ending.FAILED, code=ExitCode.USAGE)
+            log.error("%s (exit %d)", e, ExitCode.USAGE)
         finally:
             conclusion = self.session.end(end)
             self._stop_echo()

@@ -111,6 +111,15 @@ ALLOW_UNAUTHENTICATED_RESTORE = Var(
     "CAIRN_ALLOW_UNAUTHENTICATED_RESTORE", "`1`: let `cairn run` as root restore a process "
     "snapshot from an unencrypted remote store (refused otherwise: whoever can write the "
     "bucket would choose what runs as root)", "the operator", "`cairn run` (restore)")
+ALLOW_ROLLBACK = Var(
+    "CAIRN_ALLOW_ROLLBACK", "`1`: begin a try from the newest snapshot the store offers even "
+    "when a try of the key committed a newer one that is gone or fails its checks (refused "
+    "otherwise: a rollback of the work, ADR 0049); `cairn run --allow-rollback` sets it",
+    "the user", "`cairn run`, the Checkpointer")
+COMMITTED_DIR = Var(
+    "CAIRN_COMMITTED_DIR", "where a try records, per store and key, the newest snapshot seq it "
+    "committed, outside the store (the rollback check of ADR 0049 on this machine)",
+    "the user", "`cairn run`, the Checkpointer", default="~/.cache/cairn/committed")
 K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a Job pod's namespace (downward API), for its key",
                     "the pod transform (Jobs, JobSets)", "the key's `$(VAR)` expansion")
 K8S_JOB = Var("CAIRN_K8S_JOB", "a Job pod's Job name (the `batch.kubernetes.io/job-name` "
@@ -127,6 +136,7 @@ ALL: tuple[Var, ...] = (STORE, STORE_CONNECT_TIMEOUT, KEY, EVERY_STEPS, EVERY_SE
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, PLACEMENT_OPTIONS, TRACK_ROOTS,
                         CUDA_LIBRARY, NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
+                        ALLOW_ROLLBACK, COMMITTED_DIR,
                         K8S_NAMESPACE, K8S_JOB, K8S_COMPLETION_INDEX, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 

@@ -64,7 +64,7 @@ from cairn.exceptions import (
     StoreUnreachableExit,
     Suspended,
 )
-from cairn.runtime import endings, env, exits, session, slurm
+from cairn.runtime import endings, env, exits, rollback, session, slurm
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import young_daly_interval
 from cairn.runtime.try_session import CauseWatch, Cost, FinalVerdict, Saved, TrySession
@@ -106,7 +106,8 @@ class Checkpointer:
                  persist: PersistMode = PersistMode.PROCESS, when_busy: WhenBusy = WhenBusy.WAIT,
                  buffers: int = 1, max_failures: int = 3,
                  exclude_seqs: Collection[int] = (), status_file: str | None = None,
-                 suspend_poll_seconds: float | str | None = None) -> None:
+                 suspend_poll_seconds: float | str | None = None,
+                 allow_rollback: bool | None = None) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -135,6 +136,11 @@ class Checkpointer:
             raise StoreUnreachableExit(str(e), url=e.url, reason=e.reason,
                                        code=exits.ExitCode.STORAGE) from e
         self.key = Key.parse(key) if isinstance(key, str) else key
+        # ADR 0049: the newest seq committed, recorded on this machine; None: $CAIRN_ALLOW_ROLLBACK
+        self._mark = rollback.local_mark(self.store.url, str(self.key))
+        self.allow_rollback = rollback.rollback_allowed() if allow_rollback is None \
+            else allow_rollback
+        self._floor: int | None = None
         self._attempt: Any = None
         self._targets: capture.Targets | None = None
         self.extras: dict[str, Any] = {}
@@ -233,8 +239,11 @@ class Checkpointer:
             raise error
         self._started_at = time.time()
         if self._group.rank == 0:
-            self._attempt = self.store.open_attempt(self.key, note={"mode": "state"},
-                                                    exclude=self.exclude_seqs)
+            self._floor = rollback.oldest_allowed(self._mark, allowed=self.allow_rollback,
+                                                  exclude=self.exclude_seqs)
+            self._attempt = rollback.open_attempt(
+                self.store, self.key, self._mark, floor=self._floor, note={"mode": "state"},
+                exclude=self.exclude_seqs)
             epoch = self._group.broadcast([self._attempt.epoch])[0]
         else:
             epoch = self._group.broadcast([0])[0]
@@ -304,6 +313,7 @@ class Checkpointer:
                 yield SnapshotInfo(self.key, parent.seq, parent.epoch, parent)
             for info in self.store.snapshots(self.key):
                 if (parent is None or info.seq < parent.seq) and info.seq not in self.exclude_seqs:
+                    rollback.refuse_older(self.key, info.seq, self._floor, self._mark)
                     yield info
             return
         snapshots = [i for i in self.store.snapshots(self.key) if i.seq not in self.exclude_seqs]
@@ -517,6 +527,7 @@ class Checkpointer:
             self._record_cost(self.last_stall_s)
             self.last_snapshot = manifest
             self.committed_seq, self.committed_step = manifest.seq, step
+            self._mark.record(manifest.seq)
             self._last_step = step
             self.stall_total_s += self.last_stall_s
             self.bytes_written_total += int(manifest.metadata.get("bytes_written", 0))
@@ -558,6 +569,7 @@ class Checkpointer:
         for result in self._persister.take_results():
             if result.seq is not None:
                 self.committed_seq, self.committed_step = result.seq, result.step
+                self._mark.record(result.seq)
                 self._record_cost((self.last_stall_s or 0.0) + result.seconds)
                 self.stall_total_s += self.last_stall_s or 0.0
                 self.bytes_written_total += result.bytes_written

@@ -35,6 +35,7 @@ from cairn.exceptions import (
     CorruptSnapshot,
     NoSnapshot,
     NotFound,
+    RollbackRefused,
     StoreError,
 )
 from cairn.store.attempt import Attempt
@@ -374,7 +375,8 @@ class Store:
         return Attempt(self, key, attempt_log, parent)
 
     def open_attempt(self, key: Key, *, note: dict[str, Any] | None = None,
-                     exclude: Collection[int] = ()) -> Attempt:
+                     exclude: Collection[int] = (),
+                     not_older_than: int | None = None) -> Attempt:
         """Start an attempt: its ``open`` record fences every older attempt of ``key``.
 
         Its parent is the newest snapshot whose manifest reads and whose packs all exist and
@@ -383,8 +385,16 @@ class Store:
         previous try did (``previous``, :func:`~cairn.store.outcomes.previous_summary`), so
         that a try killed before it recorded its outcome keeps its history once retention
         or ``done`` removes its snapshots (docs/adr/0031).
+
+        ``not_older_than``: the newest seq an earlier try of ``key`` committed, as recorded
+        outside the store; a parent older than that raises
+        :class:`~cairn.exceptions.RollbackRefused` before anything is written, unless a
+        ``done`` record (the key finished, or was removed) came after it or ``exclude`` passes
+        over a seq at least that new (a resume policy chose the older snapshot).
         """
         parent = self.latest_good(key, deep=False, exclude=exclude)
+        if not_older_than is not None:
+            self._refuse_rollback(key, parent, not_older_than, exclude)
         note = dict(note or {})
         note.setdefault("resumed_from", parent.seq if parent else None)
         note.setdefault("resumed_step", parent.step if parent else None)
@@ -397,6 +407,23 @@ class Store:
             note.setdefault(PREVIOUS_NOTE, previous)
         attempt_log = self.log(key).open_attempt(note=note)
         return Attempt(self, key, attempt_log, parent)
+
+    def _refuse_rollback(self, key: Key, parent: Manifest | None, recorded: int,
+                         exclude: Collection[int]) -> None:
+        found = parent.seq if parent is not None else None
+        if (found is not None and found >= recorded) or any(s >= recorded for s in exclude):
+            return
+        for record in self.log(key).newest_first():
+            if record.seq <= recorded:
+                break
+            if record.kind is RecordKind.DONE:  # finished or removed since: a fresh start
+                return
+        newest = "no snapshot" if found is None else f"snapshot seq {found}"
+        raise RollbackRefused(
+            f"key {key}: a try committed snapshot seq {recorded}, but the newest this store "
+            f"offers is {newest}: the newer ones were deleted from {self.url} or fail their "
+            "checks (see the warnings above); refusing to roll the work back",
+            recorded=recorded, found=found)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -266,3 +266,12 @@ def open_chromium() -> Callable[[str], AbstractContextManager[Any]]:
     """``with open_chromium("1280,1000") as browser:`` Debian's headless Chromium (with its
     chromedriver) through selenium; skips when it or selenium is missing."""
     return _chromium
+
+
+@pytest.fixture(scope="session", autouse=True)
+def committed_marks(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where tries record the newest seq they committed (ADR 0049): this session's directory,
+    in the environment so the processes the tests start use it too, never ~/.cache."""
+    path = str(tmp_path_factory.mktemp("committed-marks"))
+    os.environ["CAIRN_COMMITTED_DIR"] = path
+    return path
