@@ -346,7 +346,14 @@ def test_corrupt_newest_snapshot_falls_back_to_the_previous_one(place: dict[str,
     flip_byte(backend, victim.pack, victim.offset)
     backend.close()
 
-    second = _counter(place, 100000)
+    # This machine saw seq newest commit: the older one is a rollback, refused (ADR 0049)...
+    refused = _counter(place, 100000)
+    assert refused.wait(60) == 2, refused.stderr
+    assert f"a try committed snapshot seq {newest.seq}; the newer snapshots failed their " \
+        "checks" in refused.stderr and f"the next is seq {previous.seq}" in refused.stderr
+    assert "--allow-rollback or CAIRN_ALLOW_ROLLBACK=1" in refused.stderr
+    # ...unless allowed.
+    second = _counter(place, 100000, env={"CAIRN_ALLOW_ROLLBACK": "1"})
     try:
         wait_for(lambda: "restored snapshot" in second.stderr or second.proc.poll() is not None,
                  60, "the restore")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cairn.exceptions import ConfigError, Fenced
+from cairn.exceptions import ConfigError, Fenced, RollbackRefused
 from cairn.state import Checkpointer
 from cairn.state.capture import StateMismatch
 from cairn.state.codec import tensor_path
@@ -67,7 +67,12 @@ def test_corrupt_newest_falls_back_and_never_loads_it(store: Store) -> None:
     chunk = newest.file(tensor_path(0)).chunks[0]
     tamper.flip_byte(store.backend, chunk.pack, chunk.offset)
     model2, opt2 = make(seed=5)
-    assert Checkpointer(store=store, key=KEY).restore(model=model2, optimizer=opt2) == 1
+    # This machine saw the newest commit: going back to the previous one is a rollback,
+    # refused unless allowed (ADR 0049).
+    with pytest.raises(RollbackRefused, match=f"committed snapshot seq {newest.seq}; the newer"):
+        Checkpointer(store=store, key=KEY).restore(model=model2, optimizer=opt2)
+    assert Checkpointer(store=store, key=KEY, allow_rollback=True).restore(
+        model=model2, optimizer=opt2) == 1
     for a, b in zip(good, model2.parameters()):
         assert torch.equal(a, b)
 
