@@ -155,32 +155,42 @@ class S3Backend(Backend):
         started = time.monotonic()
         deadline = started + self.connect_timeout
         delay, tries = _CONTACT_FIRST_DELAY, 0
-        while True:
-            tries += 1
-            left = deadline - time.monotonic()
-            per_request = max(0.5, min(_CONTACT_REQUEST_TIMEOUT, left))
-            contact = self._make_client(max_workers=1, read_timeout=per_request, attempts=1,
-                                        connect_timeout=per_request)
-            try:
-                contact.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
-                return
-            except bexc.NoCredentialsError as e:
-                raise self._no_credentials(e) from e
-            except bexc.ClientError as e:
-                if _code(e) == "NoSuchBucket":
-                    raise self._missing_bucket() from None
-                if not (_code(e) in _TRANSIENT_CODES or _status(e) >= 500):
-                    raise self._store_error("listing", "", e) from e
-                failure: BaseException = e
-            except (*_NETWORK, bexc.BotoCoreError) as e:
-                failure = e
-            finally:
-                contact.close()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._unreachable(failure, tries=tries, elapsed=time.monotonic() - started)
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, _CONTACT_MAX_DELAY)
+        # One client for the contact (making one costs tens of ms), without retries of its
+        # own: this loop retries within the bound.
+        per_request = min(_CONTACT_REQUEST_TIMEOUT, self.connect_timeout)
+        contact = self._make_client(max_workers=1, read_timeout=per_request, attempts=1,
+                                    connect_timeout=per_request)
+        try:
+            while True:
+                tries += 1
+                try:
+                    contact.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""),
+                                            MaxKeys=1)
+                    return
+                except bexc.NoCredentialsError as e:
+                    raise self._no_credentials(e) from e
+                except bexc.ClientError as e:
+                    if _code(e) == "NoSuchBucket":
+                        raise self._missing_bucket() from None
+                    if not (_code(e) in _TRANSIENT_CODES or _status(e) >= 500):
+                        raise self._store_error("listing", "", e) from e
+                    failure: BaseException = e
+                except (*_NETWORK, bexc.BotoCoreError) as e:
+                    failure = e
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._unreachable(failure, tries=tries,
+                                            elapsed=time.monotonic() - started)
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, _CONTACT_MAX_DELAY)
+                left = deadline - time.monotonic()
+                if left < per_request:  # the last request gets what is left of the bound
+                    contact.close()
+                    per_request = max(0.5, left)
+                    contact = self._make_client(max_workers=1, read_timeout=per_request,
+                                                attempts=1, connect_timeout=per_request)
+        finally:
+            contact.close()
 
     def _check_conditional_writes(self) -> None:
         """Refuse an endpoint that accepts a second ``If-None-Match: *`` create of one name

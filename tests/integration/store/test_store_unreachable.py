@@ -17,6 +17,7 @@ from cairn.runtime import env
 from cairn.runtime.exits import ExitCode, exit_code_for
 from cairn.runtime.stores import open_store
 from cairn.tries import Try
+from tests.support.s3_server import FAKE_CREDENTIALS
 from tests.support.stopped_gcs import EMULATOR, silent_endpoint, stopped_gcs_store
 
 pytestmark = pytest.mark.gcs
@@ -83,3 +84,17 @@ def test_a_bad_bound_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(env.STORE_CONNECT_TIMEOUT.name, "soon")
     with pytest.raises(ConfigError, match=env.STORE_CONNECT_TIMEOUT.name):
         open_store("gs://any/p")
+
+
+def test_an_s3_endpoint_that_never_answers_times_out_within_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with silent_endpoint() as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        for name, value in FAKE_CREDENTIALS.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv(env.STORE_CONNECT_TIMEOUT.name, "1.5s")
+        with pytest.raises(StoreUnreachable, match=r"s3://quiet-bucket/p at .*: timed out") \
+                as caught:
+            open_store("s3://quiet-bucket/p")
+    assert caught.value.reason == "timed out"
+    assert f"{env.STORE_CONNECT_TIMEOUT.name}=1.5s bounds the wait" in str(caught.value)
