@@ -100,6 +100,9 @@ def collect_garbage(store: GcStore, *, grace_seconds: float | None = None,
         report.unreadable_records.extend(unreadable)
     referenced: set[str] = set()
     now = time.time()
+    # A backend whose clock is kept to the second reports times up to a step earlier than
+    # they were: age is counted from the end of the step, never the start.
+    grace += backend.version_resolution_seconds
     for path in key_paths(backend):
         referenced |= _live_part_packs(store, path, now=now, grace=grace, report=report,
                                        dry_run=dry_run)

@@ -215,6 +215,9 @@ class S3Backend(Backend):
                 self._put(name, b"second", token=uuid.uuid4().hex)
             except AlreadyExists:
                 return None
+            except StoreError as e:
+                log.debug("cairn: could not probe %s for If-None-Match (%s)", self.url, e)
+                return None
             return (f"the S3 endpoint {self._endpoint or 'of Amazon S3'} ignores If-None-Match "
                     f"(a second create-only write of one name in {self.url} succeeded): two "
                     "tries could both think they own a snapshot. Use an endpoint that enforces "

@@ -34,15 +34,23 @@ def s3_store(s3_bucket: str, store_secret) -> Iterator[Store]:  # noqa: ANN001 -
         store.close()
 
 
-def setup_pruned_parent(store: Store):  # noqa: ANN201
-    """S1 committed, its packs older than S3's one-second clock step, and S1 pruned."""
+def setup_pruned_parent(store: Store, grace: float = 1.0):  # noqa: ANN201
+    """S1 committed, its packs older than ``grace`` plus S3's one-second clock step, and S1
+    pruned."""
     attempt = store.open_attempt(KEY)
     with attempt.snapshot() as snap:
         snap.add_bytes("state.bin", DATA)
         s1 = snap.commit(step=1)
-    time.sleep(2.1)
+    time.sleep(grace + 1.2)
     store._delete_record(KEY, s1.seq)  # what retention does once newer snapshots exist
     return attempt, s1
+
+
+def past_the_clock_step() -> None:
+    """Let S3's one-second clock step pass: GC counts an object's age from the end of the
+    second its ``LastModified`` names, so what was touched or condemned in this second is
+    still young, even with no grace."""
+    time.sleep(1.2)
 
 
 def packs(store: Store) -> set[str]:
@@ -50,18 +58,19 @@ def packs(store: Store) -> set[str]:
 
 
 def test_an_unused_pack_is_condemned_then_deleted_a_grace_later(s3_store: Store) -> None:
-    _, s1 = setup_pruned_parent(s3_store)
-    dry = s3_store.gc(grace_seconds=1.0, dry_run=True)
+    grace = 4.0  # a pass right after the first sees its condemnation young, however loaded
+    _, s1 = setup_pruned_parent(s3_store, grace)
+    dry = s3_store.gc(grace_seconds=grace, dry_run=True)
     assert sorted(dry.condemned) == sorted(s1.packs())
     assert list(s3_store.backend.list(CONDEMNED_PREFIX)) == []
-    first = s3_store.gc(grace_seconds=1.0)
+    first = s3_store.gc(grace_seconds=grace)
     assert sorted(first.condemned) == sorted(s1.packs()) and first.deleted == []
     assert s1.packs() <= packs(s3_store)
-    again = s3_store.gc(grace_seconds=1.0)
+    again = s3_store.gc(grace_seconds=grace)
     assert (again.condemned, again.deleted) == ([], [])
     assert again.packs_condemned_earlier == len(s1.packs())
-    time.sleep(2.1)
-    due = s3_store.gc(grace_seconds=1.0)
+    time.sleep(grace + 1.2)  # the grace plus the clock's step
+    due = s3_store.gc(grace_seconds=grace)
     assert sorted(due.deleted) == sorted(s1.packs())
     assert packs(s3_store) == set()
     assert list(s3_store.backend.list(CONDEMNED_PREFIX)) == []
@@ -75,8 +84,10 @@ def test_a_writer_that_reused_a_pack_before_its_condemnation_keeps_it(s3_store: 
     snap = attempt.snapshot()
     snap.add_bytes("state.bin", DATA)
     assert snap.stats.bytes_written == 0, "the chunks were reused"
+    past_the_clock_step()
     assert sorted(s3_store.gc(grace_seconds=0).condemned) == sorted(s1.packs())
     s2 = snap.commit(step=2)
+    past_the_clock_step()
     due = s3_store.gc(grace_seconds=0)
     assert due.deleted == [] and due.packs_referenced == len(s1.packs())
     assert list(s3_store.backend.list(CONDEMNED_PREFIX)) == []
@@ -91,6 +102,7 @@ def test_a_writer_after_the_condemnation_writes_the_chunks_again(s3_store: Store
         snap.add_bytes("state.bin", DATA)
         s2 = snap.commit(step=2)
     assert s2.bytes_written == len(DATA) and not s2.packs() & s1.packs()
+    past_the_clock_step()
     due = s3_store.gc(grace_seconds=0)
     assert sorted(due.deleted) == sorted(s1.packs())
     assert s3_store.verify(KEY).ok
@@ -123,6 +135,7 @@ def test_a_reuse_racing_the_delete_is_safe_only_because_writers_read_condemnatio
     deleted under its committed snapshot, so this test can fail."""
     attempt, s1 = setup_pruned_parent(s3_store)
     s3_store.gc(grace_seconds=0)
+    past_the_clock_step()
     if not condemnations_read:
         monkeypatch.setattr(writer_module, "condemned_packs", lambda backend: frozenset())
     snap = attempt.snapshot()

@@ -144,4 +144,4 @@ def test_plug_ins_that_do_not_fit_are_refused_by_name(entry_points: Any) -> None
     with pytest.raises(ConfigError, match="'broken'.*cannot be loaded.*AttributeError"):
         store_kind("broken://x")
     assert store_kind("gs://bucket/p").title == "Google Cloud Storage"  # cairn's own gs wins
-    assert [k.scheme for k in store_kinds()] == ["file", "gs"]  # none of them was taken
+    assert [k.scheme for k in store_kinds()] == ["file", "gs", "s3"]  # none was taken
