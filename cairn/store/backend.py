@@ -18,8 +18,10 @@ Contracts every backend meets (``tests/conformance`` checks each one):
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from cairn.exceptions import StoreError
 
 
 #: Names a backend may create and delete for its own checks (a probe of the endpoint); they
@@ -62,6 +64,31 @@ class BlobWriter(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+
+class BufferedWriter(BlobWriter):
+    """A :class:`BlobWriter` that buffers in memory and hands the whole object to ``publish``
+    (a backend's create-only upload) on commit: nothing is visible before. For backends whose
+    objects are created in one request or a few."""
+
+    def __init__(self, name: str, publish: Callable[[bytearray], None]) -> None:
+        self._name = name
+        self._publish = publish
+        self._buffer: bytearray | None = bytearray()
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._buffer is None:
+            raise StoreError(f"write to {self._name} after commit or abort")
+        self._buffer += data
+
+    def commit(self) -> None:
+        if self._buffer is None:
+            raise StoreError(f"commit of {self._name} after commit or abort")
+        data, self._buffer = self._buffer, None
+        self._publish(data)
+
+    def abort(self) -> None:
+        self._buffer = None
 
 
 class Backend(abc.ABC):

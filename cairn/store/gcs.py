@@ -47,7 +47,7 @@ from cairn.exceptions import (
     StoreError,
     StoreUnreachable,
 )
-from cairn.store.backend import Backend, BlobWriter, ObjectInfo
+from cairn.store.backend import Backend, BlobWriter, BufferedWriter, ObjectInfo
 from cairn.store.kind_gcs import FORM, bucket_and_prefix
 from cairn.store.timestamps import format_timestamp, parse_timestamp
 
@@ -341,7 +341,7 @@ class GCSBackend(Backend):
 
     def open_writer(self, name: str) -> BlobWriter:
         self._check_name(name)
-        return _GCSBlobWriter(self, name)
+        return BufferedWriter(name, lambda data: self.create(name, data))  # create copies it
 
     def read(self, name: str) -> bytes:
         self._check_name(name)
@@ -435,27 +435,3 @@ class GCSBackend(Backend):
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
-
-
-class _GCSBlobWriter(BlobWriter):
-    """Buffers in memory and creates the object in one request on commit."""
-
-    def __init__(self, backend: GCSBackend, name: str) -> None:
-        self._backend = backend
-        self._name = name
-        self._buffer: bytearray | None = bytearray()
-
-    def write(self, data: bytes | memoryview) -> None:
-        if self._buffer is None:
-            raise StoreError(f"write to {self._name} after commit or abort")
-        self._buffer += data
-
-    def commit(self) -> None:
-        if self._buffer is None:
-            raise StoreError(f"commit of {self._name} after commit or abort")
-        data = bytes(self._buffer)
-        self._buffer = None
-        self._backend.create(self._name, data)
-
-    def abort(self) -> None:
-        self._buffer = None

@@ -48,7 +48,13 @@ from cairn.exceptions import (
     StoreError,
     StoreUnreachable,
 )
-from cairn.store.backend import SCRATCH_PREFIX, Backend, BlobWriter, ObjectInfo
+from cairn.store.backend import (
+    SCRATCH_PREFIX,
+    Backend,
+    BlobWriter,
+    BufferedWriter,
+    ObjectInfo,
+)
 from cairn.store.kind_s3 import bucket_and_prefix
 
 log = logging.getLogger(__name__)
@@ -361,7 +367,7 @@ class S3Backend(Backend):
 
     def open_writer(self, name: str) -> BlobWriter:
         self._check_name(name)
-        return _S3BlobWriter(self, name)
+        return BufferedWriter(name, lambda data: self._put(name, data, token=uuid.uuid4().hex))
 
     def read(self, name: str) -> bytes:
         self._check_name(name)
@@ -497,26 +503,3 @@ def _read_some(body: Any, buffer: memoryview) -> int:
     data = body.read(len(buffer))
     buffer[:len(data)] = data
     return len(data)
-
-
-class _S3BlobWriter(BlobWriter):
-    """Buffers in memory and creates the object on commit (nothing is visible before)."""
-
-    def __init__(self, backend: S3Backend, name: str) -> None:
-        self._backend = backend
-        self._name = name
-        self._buffer: bytearray | None = bytearray()
-
-    def write(self, data: bytes | memoryview) -> None:
-        if self._buffer is None:
-            raise StoreError(f"write to {self._name} after commit or abort")
-        self._buffer += data
-
-    def commit(self) -> None:
-        if self._buffer is None:
-            raise StoreError(f"commit of {self._name} after commit or abort")
-        data, self._buffer = self._buffer, None
-        self._backend._put(self._name, data, token=uuid.uuid4().hex)
-
-    def abort(self) -> None:
-        self._buffer = None
