@@ -57,6 +57,10 @@ def _no_path(url: str) -> None:
     del url
 
 
+def _stripped(url: str) -> str:
+    return url.strip()
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoreKind:
     """One kind of store (see the module docstring).
@@ -73,6 +77,8 @@ class StoreKind:
     when its module cannot be imported.
     ``validate``: raises :class:`~cairn.exceptions.ConfigError` for a malformed URL of this
     kind, without any I/O (what it returns is ignored: a URL parser serves). ``path_of``: the directory a non-remote store's URL names.
+    ``canonical``: the URL as the opened backend's ``url`` names the store, without any I/O
+    (records kept outside the store are filed under it; the URL itself when not given).
     ``environment``: what the client reads from the environment. ``connection_fields``: the
     Airflow connection's extras for this kind. ``node_selector``: node labels a Kubernetes
     pod that reaches the store without a key file needs (GKE's Workload Identity metadata
@@ -87,6 +93,7 @@ class StoreKind:
     install_hint: str = ""
     validate: Callable[[str], object] = _no_check
     path_of: Callable[[str], str | None] = _no_path
+    canonical: Callable[[str], str] = _stripped
     environment: tuple[Setting, ...] = ()
     connection_fields: tuple[ConnectionField, ...] = ()
     node_selector: tuple[tuple[str, str], ...] = ()

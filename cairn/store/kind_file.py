@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import unquote, urlsplit
 
 from cairn.exceptions import ConfigError
@@ -24,6 +25,11 @@ def path_of(url: str) -> str:
     return unquote(parts.path)
 
 
+def canonical(url: str) -> str:
+    """``file://`` and the absolute path, as :class:`~cairn.store.local.LocalBackend` names it."""
+    return "file://" + os.path.abspath(path_of(url))
+
+
 KIND = StoreKind(
     scheme="file",
     title="a local directory",
@@ -31,5 +37,6 @@ KIND = StoreKind(
     remote=False,
     opener="cairn.store.local:open_url",
     validate=path_of,
+    canonical=canonical,
     path_of=path_of,
 )

@@ -21,6 +21,12 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
+def canonical(url: str) -> str:
+    """The URL with the prefix's outer slashes removed, as the backend names its store."""
+    bucket, prefix = bucket_and_prefix(url)
+    return f"gs://{bucket}/{prefix}" if prefix else f"gs://{bucket}"
+
+
 KIND = StoreKind(
     scheme="gs",
     title="Google Cloud Storage",
@@ -29,6 +35,7 @@ KIND = StoreKind(
     opener="cairn.store.gcs:open_url",
     install_hint="pip install 'cairn-resume[gcs]'",
     validate=bucket_and_prefix,
+    canonical=canonical,
     # What google-auth and cairn.store.gcs read. Workload Identity needs none of them.
     environment=(
         Setting(name="GOOGLE_APPLICATION_CREDENTIALS", is_file=True,

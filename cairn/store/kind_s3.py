@@ -29,6 +29,12 @@ def bucket_and_prefix(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
+def canonical(url: str) -> str:
+    """The URL with the prefix's outer slashes removed, as the backend names its store."""
+    bucket, prefix = bucket_and_prefix(url)
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
 KIND = StoreKind(
     scheme="s3",
     title="Amazon S3",
@@ -37,6 +43,7 @@ KIND = StoreKind(
     opener="cairn.store.s3:open_url",
     install_hint="pip install 'cairn-resume[s3]'",
     validate=bucket_and_prefix,
+    canonical=canonical,
     # What boto3's default credential chain and cairn.store.s3 read. IRSA and EKS Pod
     # Identity set their variables and mount their token in every container of the pod
     # (cairn's sidecar included) when the pod is admitted: nothing for cairn to carry.

@@ -14,3 +14,11 @@ def open_backend(url: str, *, create: bool = True, connect_timeout: float | None
     ``connect_timeout``: how long a remote store's first contact may take, retries included
     (the backend's default when None); a local directory has none."""
     return store_kind(url).open(url.strip(), create=create, connect_timeout=connect_timeout)
+
+
+def canonical_url(url: str) -> str:
+    """``url`` as the store's backend will name it once opened (``Backend.url``), without any
+    I/O. Raises :class:`~cairn.exceptions.ConfigError` for a malformed one."""
+    kind = store_kind(url)
+    kind.validate(url)
+    return kind.canonical(url)

@@ -56,3 +56,27 @@ def test_nfs_and_fuse_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path) -> 
         monkeypatch.setattr("cairn.store.local.filesystem_type", lambda path, fs=fs: fs)
         with pytest.raises(UnsupportedFilesystem, match="gs://"):
             LocalBackend(str(tmp_path / "s"))
+
+
+@pytest.mark.parametrize("kind", ["file", "gs", "s3"])
+def test_canonical_url_is_what_the_opened_backend_names(kind: str, request: pytest.FixtureRequest,
+                                                         tmp_path, monkeypatch) -> None:
+    """Records kept outside a store (the committed-seq marks) are filed under its canonical
+    URL before it is opened; each spelling must give the name the opened backend uses."""
+    from cairn.store.url import canonical_url
+
+    if kind == "file":
+        monkeypatch.chdir(tmp_path)
+        spellings = ["rel/store", f"{tmp_path}/rel/store/", f"file://{tmp_path}/rel/store",
+                     f"file://localhost{tmp_path}/rel/./store"]
+    else:
+        fixture = "gcs_bucket" if kind == "gs" else "s3_bucket"
+        bucket = request.getfixturevalue(fixture)
+        spellings = [f"{kind}://{bucket}/a/b", f" {kind}://{bucket}//a/b/ ", f"{kind}://{bucket}",
+                     f"{kind}://{bucket}/"]
+    for url in spellings:
+        backend = open_backend(url)
+        try:
+            assert canonical_url(url) == backend.url, url
+        finally:
+            backend.close()
