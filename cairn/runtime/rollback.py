@@ -5,8 +5,11 @@ With encryption a bucket writer cannot forge a snapshot, but can still delete th
 so that an older genuine one is restored: hours of training silently rolled back. The store
 alone cannot tell (the deleted records are simply gone), so a place the bucket's writers do
 not reach remembers how far the key had got: here a file on this machine, per store and key,
-under :data:`~cairn.runtime.env.COMMITTED_DIR` (the orchestrators' own places, where they
-have one, come through the same :class:`CommittedMark` interface).
+under :data:`~cairn.runtime.env.COMMITTED_DIR`. Where a try may move to another node, the
+orchestrator's own place follows it: the integration copies the seq kept there into this
+file before the try begins (``record(seq, source=...)``) and publishes the file's newest seq
+back there while the try runs (:class:`MarkMirror`): Airflow's task state store, a Kubernetes
+Job's annotation.
 
 A try reads its mark before it opens its attempt (``Store.open_attempt(not_older_than=)``,
 which raises :class:`~cairn.exceptions.RollbackRefused`) and records every commit after it.
@@ -21,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +32,7 @@ from cairn.exceptions import RollbackRefused
 from cairn.runtime.channel import write_json_atomic
 from cairn.runtime.env import ALLOW_ROLLBACK, COMMITTED_DIR
 from cairn.store import Key, Store
+from cairn.store.url import canonical_url
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,21 @@ class CommittedMark:
     def read(self) -> int | None:
         """The recorded seq; None when nothing was recorded (or the file is unreadable,
         which is logged: a mark that cannot be read protects nothing, but stops nothing)."""
+        doc = self._document()
+        return None if doc is None else doc["seq"]
+
+    def record(self, seq: int, *, source: str | None = None) -> bool:
+        """Remember that ``seq`` committed (durable when this returns); ``source``: where the
+        seq was kept when it comes from another node's try (named in refusals). True when
+        the mark moved."""
+        with self._lock:
+            current = self.read()
+            if current is not None and current >= seq:
+                return False
+            self._write(seq, source)
+            return True
+
+    def _document(self) -> dict[str, Any] | None:
         try:
             with open(self.path, encoding="utf-8") as f:
                 doc = json.load(f)
@@ -68,31 +87,104 @@ class CommittedMark:
             log.warning("cairn: ignoring the committed-seq record %s: not this store's and "
                         "key's", self.path)
             return None
-        return seq
+        return doc
 
-    def record(self, seq: int) -> None:
-        """Remember that ``seq`` committed (durable when this returns)."""
-        with self._lock:
-            current = self.read()
-            if current is not None and current >= seq:
-                return
-            self._write(seq)
-
-    def _write(self, seq: int) -> None:
+    def _write(self, seq: int, source: str | None) -> None:
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        write_json_atomic(self.path, {"store": self.store_url, "key": self.key, "seq": seq},
-                          mode=MARK_FILE_MODE)
+        doc: dict[str, Any] = {"store": self.store_url, "key": self.key, "seq": seq}
+        if source:
+            doc["source"] = source
+        write_json_atomic(self.path, doc, mode=MARK_FILE_MODE)
 
     def where(self) -> str:
-        return f"the file {self.path}"
+        doc = self._document()
+        source = doc.get("source") if doc is not None else None
+        return f"the file {self.path}" + (f", copied from {source}" if source else "")
+
+    def entry(self, seq: int) -> dict[str, Any]:
+        """What an orchestrator keeps for this mark: the store, the key and ``seq``."""
+        return {"store": self.store_url, "key": self.key, "seq": seq}
+
+    def seq_in(self, value: object) -> int | None:
+        """The seq in ``value`` (an :meth:`entry` an orchestrator kept), or None when it is
+        none of this store's and key's (a malformed one is logged)."""
+        if value is None:
+            return None
+        if isinstance(value, dict) and value.get("store") == self.store_url \
+                and value.get("key") == self.key and isinstance(value.get("seq"), int) \
+                and not isinstance(value.get("seq"), bool):
+            return value["seq"]
+        log.warning("cairn: ignoring a kept committed seq that is not this store's and key's: "
+                    "%.200r", value)
+        return None
+
+
+class MarkMirror(threading.Thread):
+    """Publishes the newest seq ``mark`` records to an orchestrator's place (``publish(entry)``
+    with :meth:`CommittedMark.entry`), polling the file every ``poll_s``: the commit path never
+    waits on the orchestrator (an API server in an outage would stall it). A failed publish is
+    logged once and tried again at the next poll; the newest seq wins. Only this thread
+    calls ``publish`` until :meth:`stop` returns."""
+
+    def __init__(self, mark: CommittedMark, publish: Callable[[dict[str, Any]], None], *,
+                 published: int | None = None, poll_s: float = 1.0) -> None:
+        super().__init__(name="cairn-mark-mirror", daemon=True)
+        self.mark = mark
+        self._publish = publish
+        self.published = published
+        self._poll_s = poll_s
+        self._stopping = threading.Event()
+        self._failing = False
+
+    def run(self) -> None:
+        while not self._stopping.wait(self._poll_s):
+            self.sync()
+        self.sync()
+
+    def sync(self) -> None:
+        """Publish the mark's seq if it is newer than the last one published."""
+        seq = self.mark.read()
+        if seq is None or (self.published is not None and seq <= self.published):
+            return
+        try:
+            self._publish(self.mark.entry(seq))
+        except Exception as e:  # noqa: BLE001 - the next poll tries again
+            if not self._failing:
+                log.warning("cairn: could not keep committed seq %d outside the store (%s); "
+                            "trying again", seq, e)
+            self._failing = True
+            return
+        self._failing = False
+        self.published = seq
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """Publish what is left and stop; gives up waiting after ``timeout_s`` (the thread is
+        a daemon: a publish blocked on an unreachable orchestrator does not hold the exit)."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout_s)
+        if self.is_alive():
+            log.warning("cairn: publishing committed seq %s outside the store did not finish "
+                        "within %.0f s", self.mark.read(), timeout_s)
 
 
 def local_mark(store_url: str, key: str,
                environ: Mapping[str, str] | None = None) -> CommittedMark:
-    """This machine's mark for ``key`` in the store at ``store_url``."""
+    """This machine's mark for ``key`` in the store at ``store_url`` (any spelling of it:
+    the mark is filed under the URL the opened store names itself by)."""
+    store_url = canonical_url(store_url)
     base = os.path.expanduser(COMMITTED_DIR.get(environ) or "")
     name = hashlib.sha256(f"{store_url}\0{key}".encode()).hexdigest()[:32]
     return CommittedMark(path=os.path.join(base, f"{name}.json"), store_url=store_url, key=key)
+
+
+def unkept_note(*, orchestrator: str) -> str:
+    """The line a try prints where its orchestrator keeps nothing from one try to the next
+    (KFP: a step's outputs exist only once it succeeds, and each retry is a new pod)."""
+    return (f"cairn: {orchestrator} keeps nothing from one try of a step to the next, so a "
+            f"retry in a new pod cannot tell whether newer snapshots were deleted from the "
+            f"store behind its back, and restores the newest it finds; to refuse such a "
+            f"rollback, mount a volume that every try of the step sees at {COMMITTED_DIR}")
 
 
 def rollback_allowed(environ: Mapping[str, str] | None = None) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from cairn.exceptions import RollbackRefused
 from cairn.runtime.rollback import (
     MARK_FILE_MODE,
+    MarkMirror,
     local_mark,
     oldest_allowed,
     refuse_older,
@@ -71,3 +73,69 @@ def test_going_past_the_newer_snapshots_is_refused_naming_the_way_out(tmp_path: 
 def test_the_allow_variable() -> None:
     assert rollback_allowed({"CAIRN_ALLOW_ROLLBACK": "1"})
     assert not rollback_allowed({"CAIRN_ALLOW_ROLLBACK": "0"}) and not rollback_allowed({})
+
+
+def test_a_seq_kept_elsewhere_is_copied_in_and_named_in_refusals(tmp_path: Path) -> None:
+    mark = local_mark("gs://b/p", "a/b", {"CAIRN_COMMITTED_DIR": str(tmp_path)})
+    kept = mark.entry(9)
+    assert mark.record(mark.seq_in(kept), source="Airflow's task state store") is True
+    assert mark.read() == 9
+    assert mark.where() == f"the file {mark.path}, copied from Airflow's task state store"
+    assert mark.record(9) is False  # not newer
+    assert mark.record(10) is True  # this node's own commit: no longer a copy
+    assert mark.where() == f"the file {mark.path}"
+
+
+@pytest.mark.parametrize("value", [
+    {"store": "gs://b/other", "key": "a/b", "seq": 3},
+    {"store": "gs://b/p", "key": "a/c", "seq": 3},
+    {"store": "gs://b/p", "key": "a/b", "seq": "3"},
+    {"store": "gs://b/p", "key": "a/b", "seq": True},
+    [3], "3"])
+def test_a_kept_value_of_another_store_or_key_or_malformed_gives_no_seq(
+        value: object, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    mark = local_mark("gs://b/p", "a/b", {"CAIRN_COMMITTED_DIR": str(tmp_path)})
+    assert mark.seq_in(value) is None
+    assert "not this store's and key's" in caplog.text
+    assert mark.seq_in(None) is None
+
+
+def test_the_mirror_publishes_each_newer_seq_and_retries_a_failed_publish(tmp_path: Path) -> None:
+    mark = local_mark("s3://bucket/p", "k/1", {"CAIRN_COMMITTED_DIR": str(tmp_path)})
+    published: list[dict] = []
+    failures = [RuntimeError("API server unreachable")]
+    seen = threading.Event()
+
+    def publish(entry: dict) -> None:
+        if failures:
+            raise failures.pop()
+        published.append(entry)
+        seen.set()
+
+    mirror = MarkMirror(mark, publish, published=2, poll_s=0.01)
+    mark.record(2)  # already published by an earlier try: not again
+    mirror.start()
+    mark.record(4)
+    assert seen.wait(5)
+    mark.record(6)
+    mirror.stop(timeout_s=5)
+    assert not mirror.is_alive()
+    assert published[0] == {"store": "s3://bucket/p", "key": "k/1", "seq": 4}
+    assert published[-1]["seq"] == 6 and mirror.published == 6
+    assert [e["seq"] for e in published] == sorted({e["seq"] for e in published})
+
+
+def test_a_mirror_stuck_in_publish_does_not_hold_the_stop(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    mark = local_mark("s3://bucket/p", "k/1", {"CAIRN_COMMITTED_DIR": str(tmp_path)})
+    release = threading.Event()
+    mirror = MarkMirror(mark, lambda entry: release.wait(10), poll_s=0.01)
+    mark.record(1)
+    mirror.start()
+    try:
+        mirror.stop(timeout_s=0.2)
+        assert mirror.is_alive()
+        assert "did not finish within" in caplog.text
+    finally:
+        release.set()
+        mirror.join(5)
