@@ -30,7 +30,11 @@ Contract of one try (``execute``):
   see :mod:`cairn_airflow.resume`) reads the key's history before the command starts: the
   snapshots it rules out are passed as ``--exclude-seqs``, and a step that failed too often is
   not started; after a failure it may stop the retries or reschedule a preemption. ``cairn
-  run`` records each try's outcome itself.
+  run`` records each try's outcome itself;
+- the newest snapshot seq the tries committed is kept in Airflow's task state store
+  (:mod:`cairn_airflow.committed`): on any worker, ``cairn run`` refuses (exit 2) to restore
+  anything older, as when the newer snapshots were deleted from the bucket; ``env=
+  {"CAIRN_ALLOW_ROLLBACK": "1"}`` allows it.
 
 Needs, on the worker: root and CRIU 4.x (``cairn doctor`` says what is missing; ``cairn run``
 exits 7 before starting the command when the host is not ready).
@@ -54,6 +58,7 @@ from airflow.sdk import BaseOperator
 from cairn.exceptions import ConfigError
 from cairn.runtime.durations import format_duration
 from cairn.runtime.exits import ExitCode
+from cairn_airflow.committed import kept_by_airflow
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
     SerializesCairnConnection,
@@ -182,14 +187,15 @@ class CairnRunOperator(SuspendDeferral, SerializesCairnConnection, BaseOperator)
         env = {**os.environ, **config.env, **self.env}
         # A session of its own: Airflow's group kill must not reach the workload before the
         # supervisor has decided about a final snapshot.
-        proc = self._proc = subprocess.Popen(
-            argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-        pump = threading.Thread(target=self._pump, args=(proc,), name="cairn-run-log",
-                                daemon=True)
-        pump.start()
-        code = proc.wait()
-        pump.join(timeout=10)
+        with kept_by_airflow(context, config.url, key, environ=env):
+            proc = self._proc = subprocess.Popen(
+                argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+            pump = threading.Thread(target=self._pump, args=(proc,), name="cairn-run-log",
+                                    daemon=True)
+            pump.start()
+            code = proc.wait()
+            pump.join(timeout=10)
         self._proc = None
         meta = self._metadata(context, config.url, key, code, plan_reason=this_try.reason)
         if code == 0:

@@ -24,7 +24,11 @@ Contract of one try (``execute``):
   runs again on a worker and continues from the suspend snapshot;
 - a ``restore()`` that fails on the worker's side (:class:`cairn.exceptions.RestoreFailed`: a
   library error, a bug, out of memory; no snapshot was skipped) fails the task with
-  ``AirflowFailException``, spending no retry on it;
+  ``AirflowFailException``, spending no retry on it, as does a try refused because the store
+  offers only snapshots older than one a try of the task committed (deleted behind its back;
+  the seq is kept in Airflow's task state store, :mod:`cairn_airflow.committed`;
+  ``checkpointer_options={"allow_rollback": True}`` or ``CAIRN_ALLOW_ROLLBACK=1`` on the
+  worker allows it);
 - ``Preempted`` (and every other error) propagates, so the task fails and Airflow retries it;
   the retry resumes from the last committed snapshot, as the resume policy allows
   (``resume_on``, ``max_error_retries``, ``loop_guard``, ``max_preemptions``; see
@@ -45,6 +49,7 @@ from typing import Any
 from airflow.providers.standard.operators.python import PythonOperator
 
 from cairn.exceptions import ConfigError
+from cairn_airflow.committed import kept_by_airflow
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
     SerializesCairnConnection,
@@ -212,7 +217,7 @@ class CairnPythonOperator(SuspendDeferral, SerializesCairnConnection, PythonOper
                              try_number=getattr(context["ti"], "try_number", None))
         env = {**this_try.env(every_steps=self.every_steps, every_seconds=self.every_seconds),
                **config.env}
-        with scoped_environ(env):
+        with scoped_environ(env), kept_by_airflow(context, config.url, key):
             ckpt = self._cairn_ckpt = (this_try.checkpointer(**self._checkpointer_kwargs)
                                        if self.ckpt_parameter is not None else None)
             try:

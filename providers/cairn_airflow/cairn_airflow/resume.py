@@ -122,12 +122,13 @@ def is_control_flow(error: BaseException) -> bool:
 
 def refuse_restore_failure(error: BaseException) -> None:
     """``AirflowFailException`` (no retry) when ``error`` is a restore that failed on this
-    side (:class:`~cairn.exceptions.RestoreFailed`; see the module docstring)."""
+    side (:class:`~cairn.exceptions.RestoreFailed`; see the module docstring) or a rollback
+    refused (:class:`~cairn.exceptions.RollbackRefused`, ADR 0049)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from cairn.exceptions import RestoreFailed
+    from cairn.exceptions import RestoreFailed, RollbackRefused
 
-    if isinstance(error, RestoreFailed):
+    if isinstance(error, (RestoreFailed, RollbackRefused)):
         raise AirflowFailException(f"cairn: {error}. Not retrying: a retry would fail the same "
                                    "way; fix the cause, then clear the task") from error
 
