@@ -119,11 +119,13 @@ def _cairn_run(fn: Any, kwargs: dict[str, Any], ckpt_parameter: str | None, *, s
         if isinstance(options.get(name), float) and options[name].is_integer():
             options[name] = int(options[name])  # KFP passes dict numbers as floats
     from cairn import ResumePolicy, Try
+    from cairn.runtime.rollback import unkept_note
 
     policy = ResumePolicy(**{n: options.pop(n) for n in policy_names if n in options})
     this_try = Try.begin(store=store, key=key, policy=policy)
     if this_try.unnumbered_note() is not None:
         print(this_try.unnumbered_note(), flush=True)
+    print(unkept_note(orchestrator="Kubeflow Pipelines"), flush=True)
     print("cairn: resume plan: " + this_try.reason, flush=True)
     os.environ.update(this_try.env())
     print("cairn: key " + json.dumps(key) + " in " + json.dumps(store), flush=True)

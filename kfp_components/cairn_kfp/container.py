@@ -62,6 +62,7 @@ def _launch(argv: list[str]) -> None:
     from cairn import CairnError, ResumePolicy, Try
     from cairn.exceptions import RestoreFailed
     from cairn.runtime.exits import ExitCode
+    from cairn.runtime.rollback import unkept_note
     from cairn.tries import run_argv
 
     try:
@@ -75,6 +76,7 @@ def _launch(argv: list[str]) -> None:
         raise SystemExit(f"cairn_kfp launcher: {e}") from None
     if this_try.unnumbered_note() is not None:
         print(this_try.unnumbered_note(), file=sys.stderr, flush=True)
+    print(unkept_note(orchestrator="Kubeflow Pipelines"), file=sys.stderr, flush=True)
     print("cairn: resume plan: " + this_try.reason, file=sys.stderr, flush=True)
     full = run_argv(["cairn"], command, store=store, key=key_text, every=every, grace=grace,
                     exclude=this_try.exclude)

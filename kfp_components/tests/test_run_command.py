@@ -43,6 +43,9 @@ def test_launcher_builds_the_cairn_run_command_line(tmp_path: Path) -> None:
     # either a first try or a retry that does not see its store (issue 34).
     assert f"the store {store} holds no try of job-1/finetune/a%2Fb: a first try, or a " \
         "retry that does not see the store" in done.stderr
+    # Nor does KFP keep anything across tries: every try says that a rollback goes unnoticed.
+    assert done.stderr.count("Kubeflow Pipelines keeps nothing from one try of a step to the "
+                             "next") == 1 and "CAIRN_COMMITTED_DIR" in done.stderr
     args = build_parser().parse_args(argv[1:])  # what cairn's own CLI makes of it
     assert args.run_store == store and args.key == "job-1/finetune/a%2Fb"
     assert args.cmd[-4:] == ["python", "train.py", "--epochs", "3"]

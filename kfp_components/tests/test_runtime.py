@@ -47,12 +47,14 @@ def test_no_identity_at_all_is_a_clear_error() -> None:
 
 
 def test_run_without_a_checkpointer_sets_the_environment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.delenv("CAIRN_STORE", raising=False)
     monkeypatch.delenv("CAIRN_KEY", raising=False)
     seen = _cairn_run(lambda x: (x, os.environ["CAIRN_STORE"], os.environ["CAIRN_KEY"]),
                       {"x": 1}, None, store=str(tmp_path), key="j/t", options={})
     assert seen == (1, str(tmp_path), "j/t")
+    # KFP keeps nothing across tries: each try says a rollback goes unnoticed (ADR 0049).
+    assert capsys.readouterr().out.count("Kubeflow Pipelines keeps nothing from one try") == 1
 
 
 def test_run_refuses_a_missing_store_and_unknown_options(monkeypatch: pytest.MonkeyPatch) -> None:
