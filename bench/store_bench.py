@@ -393,7 +393,7 @@ def build_settings(args: argparse.Namespace) -> StoreSettings:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
-    return StoreSettings(**overrides)
+    return StoreSettings(**overrides).resolved(remote=False)  # the bench's stores are local
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -256,19 +256,19 @@ def run_backend(env: Any, args: argparse.Namespace, data: memoryview, expected: 
     total, piece = len(data), args.object_mib * MiB
     raw_parts = spans(total, max(MiB, total // kmax))
     notes: dict[str, Any] = {}
-    defaults = cairn_settings()
+    defaults = cairn_settings().resolved(remote=True)  # what a bucket's store opens with
     write_cfgs = [(None, None, None)] + [tuple(c) + (None,) * (3 - len(c))
                                          for c in parse_pairs(args.write_configs, (2, 3))]
     read_cfgs = [(None, None, None)] + [tuple(c) + (None,) * (3 - len(c))
                                         for c in parse_pairs(args.read_configs, (2, 3))]
 
     def label_w(cfg: tuple[Any, ...]) -> str:
-        s = cairn_settings(*cfg)
+        s = cairn_settings(*cfg).resolved(remote=True)
         text = f"inflight={s.max_inflight_packs} threads={s.io_threads} pack={s.pack_bytes // MiB}M"
         return text + (" (default)" if cfg == (None, None, None) else "")
 
     def label_r(cfg: tuple[Any, ...]) -> str:
-        s = cairn_settings(threads=cfg[1], prefetch=cfg[0])
+        s = cairn_settings(threads=cfg[1], prefetch=cfg[0]).resolved(remote=True)
         return f"prefetch={s.read_prefetch} threads={s.io_threads}" + (
             " (default)" if cfg == (None, None, None) else "") + (
             f" range={cfg[2]}M (patched)" if cfg[2] else "")
@@ -408,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", type=float, default=30.0)
     parser.add_argument("--conn-mib-s", type=float, default=6.0,
                         help="the link's cap per connection and direction, MiB/s")
-    parser.add_argument("--write-configs", default="8:8,16:8,16:16,16:16:16",
+    parser.add_argument("--write-configs", default="4:8:32,16:16:32,32:32:16",
                         help="cairn writes besides the defaults: INFLIGHT:THREADS[:PACK_MIB],...")
-    parser.add_argument("--read-configs", default="16:8,16:16,16:16:16",
+    parser.add_argument("--read-configs", default="8:8,32:32",
                         help="cairn reads besides the defaults: PREFETCH:THREADS[:RANGE_MIB],"
                         "... (RANGE_MIB: a what-if, reads up to that size instead of 4 MiB)")
     parser.add_argument("--object-mib", type=int, default=32)

@@ -48,6 +48,11 @@ STORE_CONNECT_TIMEOUT = Var(
     "it, as a try starts) may take, retries included, before the try fails as unreachable "
     "(exit 6), a duration like `30s`", "the user (an operator's env= too)",
     "every process that opens a store", default="30s")
+STORE_TRANSFERS = Var(
+    "CAIRN_STORE_TRANSFERS", "how many transfers a process keeps in flight to a store (packs "
+    "written at once, ranged reads ahead, and threads for them), 1-256; default 16 for a "
+    "bucket, 4 writes and 8 reads for a local directory (ADR 0050)", "the user",
+    "every process that opens a store")
 KEY = Var("CAIRN_KEY", "the step's key, as `Key` text (`a/b/c`, percent-encoded components)",
           "every integration", "`Checkpointer.from_env()`")
 EVERY_STEPS = Var("CAIRN_EVERY_STEPS", "snapshot every this many steps",
@@ -132,7 +137,7 @@ K8S_COMPLETION_INDEX = Var("CAIRN_K8S_COMPLETION_INDEX", "a Job pod's completion
 KFP_DRY_RUN = Var("CAIRN_KFP_DRY_RUN", "`1`: KFP's `run_command` prints the `cairn run` "
                   "command instead of running it", "tests", "KFP's `run_command`")
 
-ALL: tuple[Var, ...] = (STORE, STORE_CONNECT_TIMEOUT, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
+ALL: tuple[Var, ...] = (STORE, STORE_CONNECT_TIMEOUT, STORE_TRANSFERS, KEY, EVERY_STEPS, EVERY_SECONDS, EXCLUDE_SEQS, NOTICE_FILE,
                         SUSPEND_POLL, STATUS_FILE, SPOOL_DIR, WORKDIR, STAGING, RESTORE, CRIU, IMAGE_DIGEST,
                         PLACEMENT_OPTION, PLACEMENT_REASON, PLACEMENT_OPTIONS, TRACK_ROOTS,
                         CUDA_LIBRARY, NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 
-from cairn.exceptions import StoreUnreachable
+from cairn.exceptions import ConfigError, StoreUnreachable
 from cairn.runtime.durations import parse_duration
-from cairn.runtime.env import SECRET_FILE, STORE_CONNECT_TIMEOUT
+from cairn.runtime.env import SECRET_FILE, STORE_CONNECT_TIMEOUT, STORE_TRANSFERS
 from cairn.store import Secret, SecretError, Store, StoreSettings, load_secret_file, store_kind
 
 
@@ -38,6 +39,23 @@ def connect_timeout(environ: Mapping[str, str] | None = None) -> float:
                           name=STORE_CONNECT_TIMEOUT.name)
 
 
+def with_transfers(settings: StoreSettings,
+                   environ: Mapping[str, str] | None = None) -> StoreSettings:
+    """``settings`` with :data:`STORE_TRANSFERS` in place of the transfer counts it leaves to
+    the store's kind (those it sets stay; no more than the ``io_threads`` it sets)."""
+    text = (STORE_TRANSFERS.get(environ) or "").strip()
+    if not text:
+        return settings
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise ConfigError(f"{STORE_TRANSFERS}={text!r}: give a number of transfers from 1 to 256")
+    n = int(text) if settings.io_threads is None else min(int(text), settings.io_threads)
+    given = {name: getattr(settings, name) for name in
+             ("max_inflight_packs", "read_prefetch", "io_threads")}
+    chosen = {name: n if value is None else value for name, value in given.items()}
+    chosen["io_threads"] = settings.io_threads or max(chosen.values())
+    return replace(settings, **chosen)
+
+
 def open_store(url: str, *, settings: StoreSettings | None = None, create: bool = True,
                secret: Secret | None = None, environ: Mapping[str, str] | None = None) -> Store:
     """Open the store at ``url`` with ``secret``, else the configured one, and the configured
@@ -45,6 +63,7 @@ def open_store(url: str, *, settings: StoreSettings | None = None, create: bool 
     a secret does). cairn's one ``open_store``, also ``cairn.open_store``."""
     secret = secret if secret is not None else configured_secret(environ)
     timeout = connect_timeout(environ)
+    settings = with_transfers(settings or StoreSettings(), environ)
     try:
         return Store.open(url, settings=settings, create=create, secret=secret,
                           connect_timeout=timeout)

@@ -70,6 +70,7 @@ from cairn.store.slotlog import (
     record_name,
 )
 from cairn.store.timestamps import format_timestamp
+from cairn.store.kinds import store_kind
 from cairn.store.url import open_backend
 from cairn.store.verdicts import reading
 from cairn.store.settings import (
@@ -144,7 +145,8 @@ class Store:
                  create: bool = True, secret: Secret | None = None) -> None:
         self.raw_backend = backend
         self.backend: Backend = backend  # sealing, once an encrypted store's keyring is open
-        self.settings = settings or StoreSettings()
+        self.settings = (settings or StoreSettings()).resolved(
+            remote=store_kind(backend.url).remote)  # a bucket keeps more transfers in flight
         self.secret = secret
         self.keyring: Keyring | None = None
         self.sealer: Sealer | None = None
