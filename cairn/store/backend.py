@@ -21,7 +21,7 @@ import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from cairn.exceptions import StoreError
+from cairn.exceptions import ConfigError, StoreError
 
 
 #: Names a backend may create and delete for its own checks (a probe of the endpoint); they
@@ -148,3 +148,15 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release connections and threads. The backend is unusable afterwards."""
+
+
+def check_object_name(name: str) -> None:
+    """Refuse an object name that is empty, absolute or has an empty, ``.`` or ``..``
+    component: a bucket backend's names are relative paths below its prefix."""
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+        raise ConfigError(f"invalid object name {name!r}")
+
+
+def prefixed(prefix: str, name: str) -> str:
+    """The bucket's object name for ``name`` below ``prefix`` (empty: the bucket's root)."""
+    return f"{prefix}/{name}" if prefix else name

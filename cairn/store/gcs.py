@@ -47,7 +47,14 @@ from cairn.exceptions import (
     StoreError,
     StoreUnreachable,
 )
-from cairn.store.backend import Backend, BlobWriter, BufferedWriter, ObjectInfo
+from cairn.store.backend import (
+    Backend,
+    BlobWriter,
+    BufferedWriter,
+    ObjectInfo,
+    check_object_name,
+    prefixed,
+)
 from cairn.store.kind_gcs import FORM, bucket_and_prefix
 from cairn.store.timestamps import format_timestamp, parse_timestamp
 
@@ -225,12 +232,9 @@ class GCSBackend(Backend):
     # -- names and errors ----------------------------------------------------------------
 
     def _key(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
+        return prefixed(self.prefix, name)
 
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
-            raise ConfigError(f"invalid object name {name!r}")
+    _check_name = staticmethod(check_object_name)
 
     def _info(self, name: str, blob: storage.Blob) -> ObjectInfo:
         updated = blob.updated.timestamp() if blob.updated is not None else 0.0

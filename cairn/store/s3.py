@@ -54,6 +54,8 @@ from cairn.store.backend import (
     BlobWriter,
     BufferedWriter,
     ObjectInfo,
+    check_object_name,
+    prefixed,
 )
 from cairn.store.kind_s3 import bucket_and_prefix
 
@@ -98,6 +100,11 @@ def _code(e: bexc.ClientError) -> str:
 
 def _status(e: bexc.ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _precondition_failed(e: bexc.ClientError) -> bool:
+    """The request's condition (If-None-Match, If-Match) did not hold."""
+    return _status(e) == 412 or _code(e) == "PreconditionFailed"
 
 
 def _endpoint() -> str | None:
@@ -235,12 +242,9 @@ class S3Backend(Backend):
     # -- names and errors ----------------------------------------------------------------
 
     def _key(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
+        return prefixed(self.prefix, name)
 
-    @staticmethod
-    def _check_name(name: str) -> None:
-        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
-            raise ConfigError(f"invalid object name {name!r}")
+    _check_name = staticmethod(check_object_name)
 
     def _missing_bucket(self) -> ConfigError:
         return ConfigError(f"bucket {self.bucket!r} does not exist (store {self.url}); create it "
@@ -327,7 +331,7 @@ class S3Backend(Backend):
                             Metadata={_UPLOAD_TOKEN_KEY: token})
                     return
                 except bexc.ClientError as e:
-                    if _status(e) == 412 or _code(e) == "PreconditionFailed":
+                    if _precondition_failed(e):
                         if self._is_own_create(name, token):
                             return
                         raise AlreadyExists(f"{name} already exists in {self.url}") from None
@@ -432,7 +436,7 @@ class S3Backend(Backend):
                     Bucket=self.bucket, Key=self._key(name), IfMatch=etag,
                     Range=f"bytes={offset + filled}-{offset + len(buffer) - 1}")["Body"]
             except bexc.ClientError as e:
-                if _status(e) == 412 or _code(e) == "PreconditionFailed":
+                if _precondition_failed(e):
                     raise StoreError(f"{name} in {self.url} changed while it was read") from None
                 raise
 
@@ -472,7 +476,7 @@ class S3Backend(Backend):
             try:
                 self._client.delete_object(Bucket=self.bucket, Key=self._key(name), **condition)
             except bexc.ClientError as e:
-                if _status(e) == 412 or _code(e) == "PreconditionFailed":
+                if _precondition_failed(e):
                     raise PreconditionFailed(f"{name} changed since it was listed; not "
                                              "deleted") from None
                 raise
