@@ -4,10 +4,13 @@ Kueue evicts a workload by setting its Job's ``spec.suspend: true``; the Job con
 deletes the pods, which get SIGTERM and their grace, exactly as in a drain. Only the Job tells
 the two apart. A native sidecar gets its own SIGTERM only after the main container has exited,
 so it answers the supervisor's ask instead (:mod:`cairn.runtime.channel`, ``cause.json``): one
-``GET /apis/batch/v1/namespaces/NS/jobs/NAME`` per ask, none while the step runs. That needs
-``get`` on ``jobs`` (:func:`cairn.k8s.rbac.job_reader_rbac`); without it, or when the API
-cannot be reached, the answer is "not suspended" with the reason, and the try ends
-``preempted``.
+``GET /apis/batch/v1/namespaces/NS/jobs/NAME`` per ask. That needs ``get`` on ``jobs``
+(:func:`cairn.k8s.rbac.job_reader_rbac`); without it, or when the API cannot be reached, the
+answer is "not suspended" with the reason, and the try ends ``preempted``.
+
+:func:`request_job` is the one way the sidecar talks to its Job: the ask's ``GET`` here, and
+the committed seqs the Job's annotation keeps (:mod:`cairn.k8s.committed`: read once before
+the main container starts, merge-patched after commits).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from cairn.exceptions import ConfigError
 from cairn.k8s.watchers import SERVICE_ACCOUNT_DIR
@@ -30,6 +34,8 @@ from cairn.runtime import channel
 log = logging.getLogger("cairn.sidecar")
 
 ASK_POLL_S = 0.1  # how often the sidecar looks for the supervisor's ask (one stat)
+#: The content type of a JSON merge patch (RFC 7386), which the API server applies to a Job.
+MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -66,24 +72,47 @@ class JobSettings:
         return cls(namespace=namespace, name=name, api_url=api_url, **kw)  # type: ignore[arg-type]
 
 
+def job_url(settings: JobSettings) -> str:
+    return (f"{settings.api_url.rstrip('/')}/apis/batch/v1/namespaces/"
+            f"{urllib.parse.quote(settings.namespace, safe='')}/jobs/"
+            f"{urllib.parse.quote(settings.name, safe='')}")
+
+
+def request_job(settings: JobSettings, *, merge_patch: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """The Job as the API server answers ``GET`` (or, given ``merge_patch``, a ``PATCH`` with
+    that JSON merge patch, RFC 7386): the object after the request. One request, bounded by
+    ``settings.timeout_s``, with the service account's token (re-read each time: projected
+    tokens rotate). Raises :class:`urllib.error.HTTPError` for an answer that is not 2xx,
+    :class:`OSError` when the server cannot be reached, :class:`ValueError` for a body that
+    is not a JSON object."""
+    context = None
+    url = job_url(settings)
+    if url.startswith("https://"):
+        ca = settings.ca_file if settings.ca_file and os.path.exists(settings.ca_file) else None
+        context = ssl.create_default_context(cafile=ca)
+    with open(settings.token_file) as f:
+        token = f.read().strip()
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    data = None
+    if merge_patch is not None:
+        headers["Content-Type"] = MERGE_PATCH
+        data = json.dumps(merge_patch).encode()
+    request = urllib.request.Request(url, data=data, headers=headers,
+                                     method="GET" if data is None else "PATCH")
+    with urllib.request.urlopen(request, timeout=settings.timeout_s, context=context) as r:
+        doc = json.load(r)
+    if not isinstance(doc, dict):
+        raise ValueError(f"the API server answered {type(doc).__name__}, not a Job")
+    return doc
+
+
 def check_job(settings: JobSettings) -> channel.Cause:
     """Whether the Job is suspended, as a :class:`~cairn.runtime.channel.Cause` (not
     ``asked_at``-stamped); never raises: a failure is "not suspended" with its reason."""
     job = f"Job {settings.namespace}/{settings.name}"
-    url = (f"{settings.api_url.rstrip('/')}/apis/batch/v1/namespaces/"
-           f"{urllib.parse.quote(settings.namespace, safe='')}/jobs/"
-           f"{urllib.parse.quote(settings.name, safe='')}")
-    context = None
-    if url.startswith("https://"):
-        ca = settings.ca_file if settings.ca_file and os.path.exists(settings.ca_file) else None
-        context = ssl.create_default_context(cafile=ca)
     try:
-        with open(settings.token_file) as f:
-            token = f.read().strip()  # re-read: projected tokens rotate
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}",
-                                                       "Accept": "application/json"})
-        with urllib.request.urlopen(request, timeout=settings.timeout_s, context=context) as r:
-            doc = json.load(r)
+        doc = request_job(settings)
     except urllib.error.HTTPError as e:
         hint = (": grant the pod's service account get on jobs (cairn.k8s.job_reader_rbac, "
                 "docs/kubernetes.md)" if e.code in (401, 403) else "")
@@ -91,7 +120,7 @@ def check_job(settings: JobSettings) -> channel.Cause:
                              "taken as a preemption")
     except (OSError, ValueError) as e:
         return _cause(False, f"cannot read {job} ({e}); taken as a preemption")
-    suspend = (doc.get("spec") or {}).get("suspend") if isinstance(doc, dict) else None
+    suspend = (doc.get("spec") or {}).get("suspend")
     if suspend is True:
         return _cause(True, f"{job} has spec.suspend: true (evicted by Kueue, or suspended)")
     return _cause(False, f"{job} is not suspended (spec.suspend: {json.dumps(suspend)}): a "

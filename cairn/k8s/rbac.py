@@ -1,4 +1,5 @@
-"""The Kubernetes grants the sidecar's optional watchers need, as manifests to apply."""
+"""The Kubernetes grants the sidecar's optional watchers and its owner Job's annotation need,
+as manifests to apply."""
 
 from __future__ import annotations
 
@@ -33,16 +34,20 @@ def node_reader_rbac(*, service_account: str, namespace: str,
 
 def job_reader_rbac(*, service_account: str, namespace: str,
                     name: str = "cairn-job-reader") -> list[dict[str, Any]]:
-    """The Role and RoleBinding a process-mode Job's sidecar needs to tell a Kueue eviction from
-    a drain: ``get`` on ``jobs`` in the Job's namespace (it reads its own Job's
-    ``spec.suspend``; without the grant a suspended Job's try ends ``preempted``)."""
+    """The Role and RoleBinding a Job pod's sidecar (``--owner-job``) needs, on ``jobs`` in the
+    Job's namespace: ``get`` to tell a Kueue eviction from a drain (its own Job's
+    ``spec.suspend``; without it a suspended Job's try ends ``preempted``) and to read the
+    committed seqs the Job's annotation keeps, ``patch`` to keep them there
+    (:mod:`cairn.k8s.committed`; without it only a pod's own file refuses a rollback, and the
+    Job's next pod cannot)."""
     for what, value in (("service_account", service_account), ("namespace", namespace),
                         ("name", name)):
         if not isinstance(value, str) or not DNS_NAME.fullmatch(value):
             raise ConfigError(f"{what}={value!r} is not a Kubernetes name")
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": name, "namespace": namespace},
-            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]}
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
+                        "verbs": ["get", "patch"]}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                "metadata": {"name": f"{name}-{service_account}"[:253], "namespace": namespace},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",

@@ -13,6 +13,11 @@ With ``--owner-job`` it answers the supervisor's SIGTERM with whether the pod's 
 With ``--upload`` it also commits the dumps the supervisor spools on that volume
 (:mod:`cairn.k8s.uploader`), and on SIGTERM keeps uploading until the spool is empty or its
 window (``--sigterm-window``) runs out.
+
+With :data:`~cairn.runtime.env.COMMITTED_DIR` set (a Job pod: the committed-seq files on the
+shared volume) it records the commits it uploads there, and with ``--owner-job`` too copies the
+seqs the Job's annotation keeps into it before ``/startedz`` answers 200, then keeps the
+annotation up with it (:mod:`cairn.k8s.committed`).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from dataclasses import dataclass
 
 from cairn.exceptions import ConfigError
 from cairn.k8s import metrics
+from cairn.k8s.committed import STARTED_PATH, JobAnnotation, SharedMarks
 from cairn.runtime import channel
 from cairn.k8s.jobs import CauseResponder, JobSettings
 from cairn.k8s.uploader import Uploader, UploadSettings
 from cairn.k8s.watchers import MetadataSettings, MetadataWatcher, NodeLabelWatcher, NodeSettings
+from cairn.runtime.env import COMMITTED_DIR
 from cairn.runtime.wakeup import Wakeup
 
 log = logging.getLogger("cairn.sidecar")
@@ -46,6 +53,9 @@ class SidecarSettings:
     sigterm_window_s: float = 30.0  # the deadline a SIGTERM notice carries (the pod's grace)
     upload: UploadSettings | None = None  # None: the supervisor writes to the store itself
     job: JobSettings | None = None  # the owner Job whose spec.suspend tells Kueue from a drain
+    # The committed-seq files the pod's containers share (None: the sidecar records none, and
+    # the owner Job's annotation does not keep them).
+    committed_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not os.path.isdir(self.shared_dir):
@@ -80,9 +90,16 @@ class Sidecar:
         if settings.node is not None:
             self.watchers.append(NodeLabelWatcher(settings.node, self.notify))
         self._server: http.server.ThreadingHTTPServer | None = None
-        self.uploader = Uploader(settings.upload) if settings.upload is not None else None
         self.responder = (CauseResponder(settings.job, settings.shared_dir)
                           if settings.job is not None else None)
+        self.marks = (SharedMarks(settings.committed_dir)
+                      if settings.committed_dir is not None else None)
+        self.annotation = (JobAnnotation(settings.job, self.marks)
+                           if settings.job is not None and self.marks is not None else None)
+        self.uploader = (Uploader(settings.upload, on_commit=self.marks.record_commit
+                                  if self.marks is not None else None)
+                         if settings.upload is not None else None)
+        self._started = False
 
     # -- notices ---------------------------------------------------------------------------
 
@@ -127,6 +144,15 @@ class Sidecar:
             return False, f"cannot write to {self.settings.shared_dir}"
         return True, "ok"
 
+    def started(self) -> tuple[bool, str]:
+        """For the startup probe, which holds the main container back: done starting, and the
+        committed seqs copied from the Job's annotation (or that gave up)."""
+        if not self._started:
+            return False, "starting"
+        if self.annotation is not None and not self.annotation.seeded.is_set():
+            return False, f"reading the committed seqs from {self.annotation.job}"
+        return True, "ok"
+
     def metrics_page(self) -> str:
         try:
             status = channel.read_status(self.settings.status_path)
@@ -145,6 +171,9 @@ class Sidecar:
                 path = self.path.split("?", 1)[0]
                 if path in ("/readyz", "/healthz"):
                     ok, why = sidecar.ready()
+                    self._send(200 if ok else 503, why + "\n", "text/plain; charset=utf-8")
+                elif path == STARTED_PATH:
+                    ok, why = sidecar.started()
                     self._send(200 if ok else 503, why + "\n", "text/plain; charset=utf-8")
                 elif path == "/metrics":
                     self._send(200, sidecar.metrics_page(), metrics.CONTENT_TYPE)
@@ -172,6 +201,13 @@ class Sidecar:
         return self._server.server_address[1]
 
     def start(self) -> None:
+        if self.marks is not None:
+            self.marks.prepare()  # before the main container can start: the probe waits
+        elif self.settings.job is not None:
+            job = self.settings.job
+            log.warning("no committed-seq directory (%s): the annotation of Job %s/%s does not "
+                        "keep the committed seqs (with_snapshot_sidecar sets it in a Job pod)",
+                        COMMITTED_DIR, job.namespace, job.name)
         self._server = http.server.ThreadingHTTPServer((self.settings.host, self.settings.port),
                                                        self._handler())
         self._server.daemon_threads = True
@@ -184,6 +220,9 @@ class Sidecar:
         if self.responder is not None:
             self.responder.announce()
             self.responder.start()
+        if self.annotation is not None:
+            self.annotation.start()  # seeds first: /startedz answers 200 once it has
+        self._started = True
         log.warning("watching %s; metrics on port %d; shared %s",
                     ", ".join(w.name for w in self.watchers) or "SIGTERM only", self.port,
                     self.settings.shared_dir)
@@ -213,6 +252,8 @@ class Sidecar:
             self.uploader.stop()
         if self.responder is not None:
             self.responder.stop()
+        if self.annotation is not None:
+            self.annotation.stop()  # after the uploads: their commits are published too
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -13,8 +13,10 @@ EPILOG = """The sidecar never checkpoints: it tells the supervisor (`cairn run -
 through DIR/notice.json and serves DIR/status.json as metrics. With --upload it commits the dumps
 `cairn run --spool DIR/spool` hands it, and on SIGTERM keeps uploading until the spool is empty
 or --sigterm-window runs out. --watch-node-label needs a service account bound to a ClusterRole
-with get on nodes, and NODE_NAME from the downward API; --owner-job a Role with get on jobs
-(docs/kubernetes.md). Exit codes: 0
+with get on nodes, and NODE_NAME from the downward API; --owner-job a Role with get and patch
+on jobs (docs/kubernetes.md): with the committed-seq directory set in the environment (a Job
+pod), the sidecar copies the seqs the Job's annotation keeps into it before /startedz answers
+200, and keeps the annotation up with the commits recorded there. Exit codes: 0
 stopped by SIGTERM/SIGINT, 2 bad usage."""
 
 
@@ -48,7 +50,8 @@ def add_sidecar_parser(sub: Any) -> None:
                    help="deadline a notice from this container's SIGTERM carries (default 30s)")
     p.add_argument("--owner-job", default=None, metavar="NAMESPACE/JOB",
                    help="answer the supervisor's SIGTERM with whether this Job is suspended "
-                        "(Kueue eviction → suspended, else preempted); needs get on jobs")
+                        "(Kueue eviction → suspended, else preempted), and keep the committed "
+                        "seqs in its annotation; needs get and patch on jobs")
     p.add_argument("--upload", action="store_true",
                    help="commit the snapshots `cairn run --spool` hands over (process mode)")
     p.add_argument("--spool", default=None, metavar="DIR",
@@ -95,8 +98,15 @@ def _settings(args: argparse.Namespace) -> Any:
         job = JobSettings.parse(args.owner_job, api_url=args.kube_api,
                                 **({"token_file": args.kube_token_file}
                                    if args.kube_token_file else {}))
+    from cairn.runtime.env import COMMITTED_DIR
+
+    # Only where it is set (in a Job pod, to the shared volume): the default is this
+    # container's own, which the main container never sees.
+    committed_dir = os.environ.get(COMMITTED_DIR.name) or None
     return SidecarSettings(shared_dir=args.shared, port=args.port, host=args.host,
                            metadata=metadata, node=node, job=job,
+                           committed_dir=None if committed_dir is None
+                           else os.path.expanduser(committed_dir),
                            sigterm_window_s=parse_duration(args.sigterm_window), upload=upload)
 
 

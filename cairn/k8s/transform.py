@@ -25,7 +25,8 @@ is in docs/kubernetes.md and docs/adr/0010-k8s-notice-channel-and-pod-transform.
 
 Its one job is that pod spec, step by step (``_transform_pod``). Elsewhere: a Job's and a
 JobSet's templates and keys (:mod:`cairn.k8s.job_templates`), what the sidecar needs to reach
-the store (:mod:`cairn.k8s.store_access`), the grants its watchers need (:mod:`cairn.k8s.rbac`).
+the store (:mod:`cairn.k8s.store_access`), the grants its watchers need (:mod:`cairn.k8s.rbac`),
+the committed seqs a Job's annotation keeps (:mod:`cairn.k8s.committed`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 from cairn.exceptions import ConfigError
 from cairn.runtime import channel, env
 from cairn.runtime.choices import coerce_option
+from cairn.k8s.committed import pod_settings as committed_seq_settings
 from cairn.k8s.job_templates import (
     JOB_API_VERSION,
     JOB_ENV,
@@ -505,8 +507,14 @@ def _attach_sidecar(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any], 
     if key_env:
         _prepend_env(main, key_env)
         _prepend_env(sidecar, key_env)
-        # A suspended Job's try ends suspended, in both modes (needs job_reader_rbac).
+        # A suspended Job's try ends suspended, in both modes, and the Job's annotation keeps
+        # the committed seqs across its pods (needs job_reader_rbac): the files on the shared
+        # volume, and the main container held back until the sidecar has seeded them.
         sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
+        committed_env, sidecar["startupProbe"] = committed_seq_settings(SHARED_PATH,
+                                                                        plan.metrics_port)
+        _merge_env(main, committed_env)
+        _merge_env(sidecar, committed_env)
 
 
 # -- the transform -----------------------------------------------------------------------------

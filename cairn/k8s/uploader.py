@@ -12,7 +12,10 @@ of the attempt that dumped it (:func:`cairn.process.spool.upload`), leaves the v
 * a fenced entry (a newer attempt opened the key) can never be committed: dropped, logged,
   and counted in ``cairn_sidecar_uploads_dropped_total{reason="fenced"}``;
 * on SIGTERM the sidecar keeps uploading until the spool is empty or its window runs out
-  (native sidecars are stopped after the main container exits, within the pod's grace).
+  (native sidecars are stopped after the main container exits, within the pod's grace);
+* each commit is handed to ``on_commit`` (the sidecar records it as the newest committed seq,
+  ADR 0049) before its verdict is written, so the supervisor, recording it in turn, finds it
+  recorded.
 """
 
 from __future__ import annotations
@@ -74,10 +77,14 @@ class Uploader:
     does one pass (the thread calls it in a loop; tests call it directly)."""
 
     def __init__(self, settings: UploadSettings, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_commit: Callable[[str, str, int], None] | None = None) -> None:
+        """``on_commit(store_url, key, seq)``: called from the upload thread for each commit,
+        before the supervisor can learn of it; it must not raise."""
         from cairn.process.spool import Spool
 
         self.settings = settings
+        self._on_commit = on_commit
         self._clock = clock  # for the retry backoff
         self.spool = Spool(settings.spool_dir)
         self._stats = UploadStats()
@@ -214,6 +221,11 @@ class Uploader:
             log.error("uploading entry %s to %s failed (try %d; next in %.0fs): %s", entry,
                       url, tries, delay, e)
             return False
+        if self._on_commit is not None and result.outcome is UploadOutcome.COMMITTED \
+                and result.seq is not None:
+            from cairn.store import Key
+
+            self._on_commit(self._store(url).url, str(Key(ticket.key)), result.seq)
         self._finish(result, ticket=ticket)
         return True
 

@@ -124,7 +124,8 @@ ALLOW_ROLLBACK = Var(
 COMMITTED_DIR = Var(
     "CAIRN_COMMITTED_DIR", "where a try records, per store and key, the newest snapshot seq it "
     "committed, outside the store (the rollback check of ADR 0049 on this machine)",
-    "the user", "`cairn run`, the Checkpointer", default="~/.cache/cairn/committed")
+    "the user; the pod transform in a Job pod (the shared volume)",
+    "`cairn run`, the Checkpointer, the sidecar", default="~/.cache/cairn/committed")
 K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a Job pod's namespace (downward API), for its key",
                     "the pod transform (Jobs, JobSets)", "the key's `$(VAR)` expansion")
 K8S_JOB = Var("CAIRN_K8S_JOB", "a Job pod's Job name (the `batch.kubernetes.io/job-name` "

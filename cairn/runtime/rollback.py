@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -36,8 +37,12 @@ from cairn.store.url import canonical_url
 
 log = logging.getLogger(__name__)
 
-#: Only the user who ran the try reads its marks.
+#: Only the user who ran the try reads its marks...
 MARK_FILE_MODE = 0o600
+#: ...but in a directory shared with a group (setgid: a pod's shared volume, whose marks its
+#: sidecar, another user in the pod's group, publishes; :mod:`cairn.k8s.committed`), the
+#: group reads and replaces them too.
+SHARED_MARK_FILE_MODE = 0o660
 #: `cairn run`'s option that allows a rollback (named in its refusals).
 ROLLBACK_FLAG = "--allow-rollback"
 
@@ -94,7 +99,8 @@ class CommittedMark:
         doc: dict[str, Any] = {"store": self.store_url, "key": self.key, "seq": seq}
         if source:
             doc["source"] = source
-        write_json_atomic(self.path, doc, mode=MARK_FILE_MODE)
+        write_json_atomic(self.path, doc, mode=SHARED_MARK_FILE_MODE
+                          if _group_shared(os.path.dirname(self.path)) else MARK_FILE_MODE)
 
     def where(self) -> str:
         doc = self._document()
@@ -117,6 +123,13 @@ class CommittedMark:
         log.warning("cairn: ignoring a kept committed seq that is not this store's and key's: "
                     "%.200r", value)
         return None
+
+
+def _group_shared(directory: str) -> bool:
+    try:
+        return bool(os.stat(directory).st_mode & stat.S_ISGID)
+    except OSError:
+        return False
 
 
 class MarkMirror(threading.Thread):

@@ -1,6 +1,6 @@
 """Fakes for what cannot run on these machines: a GCE metadata server and a Kubernetes API
 server, each a small ``http.server`` on 127.0.0.1. Named fakes on purpose: they implement only
-what cairn's watchers use, as documented by Google and Kubernetes."""
+what cairn's watchers and its Job annotation use, as documented by Google and Kubernetes."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ class Request:
     path: str
     query: dict[str, str]
     headers: dict[str, str]
+    method: str = "GET"
+    body: bytes = b""
 
 
 @dataclass
@@ -90,16 +92,94 @@ class FakeMetadataServer:
 class FakeKubernetesAPI:
     """``GET /api/v1/nodes/{name}`` and ``GET /apis/batch/v1/namespaces/{ns}/jobs/{name}`` with
     bearer-token auth (401 without, 403 for another token, or for a resource in
-    ``forbidden``: a service account without that RBAC grant), answering the Node's metadata or
-    the Job's ``spec.suspend``. Labels are changed with :meth:`label`, Jobs through ``jobs``
-    (``(namespace, name) -> suspend``)."""
+    ``forbidden``: a service account without that RBAC grant; ``"jobs/patch"`` forbids only
+    the patch), answering the Node's metadata or the Job's ``spec.suspend``, ``annotations``
+    and ``resourceVersion``. Labels are changed with :meth:`label`, Jobs through ``jobs``
+    (``(namespace, name) -> suspend``) and ``annotations``.
+
+    ``PATCH`` of a Job takes a JSON merge patch (RFC 7386; 415 for another content type) of
+    ``metadata.annotations`` only (422 for anything else, which cairn never patches), with the
+    API server's optimistic concurrency: a ``metadata.resourceVersion`` in the patch that is
+    not the Job's current one is a 409 Conflict; each change bumps the version. A Job ``GET``
+    waits while ``reads_open`` is clear (a slow API server)."""
 
     token: str = "fake-token"
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     jobs: dict[tuple[str, str], bool] = field(default_factory=dict)
+    annotations: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    versions: dict[tuple[str, str], int] = field(default_factory=dict)
     forbidden: set[str] = field(default_factory=set)
     requests: list[Request] = field(default_factory=list)
+    reads_open: threading.Event = field(default_factory=threading.Event)
     url: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.reads_open.set()
+
+    def job_document(self, ns: str, name: str) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "namespace": ns,
+                                    "resourceVersion": str(self.versions.get((ns, name), 1))}
+        if self.annotations.get((ns, name)):
+            metadata["annotations"] = dict(self.annotations[(ns, name)])
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
+                "spec": {"suspend": self.jobs[(ns, name)], "completionMode": "Indexed"}}
+
+    def touch(self, ns: str, name: str) -> None:
+        """Another writer changed the Job (its status, another pod's patch): a new version."""
+        self.versions[(ns, name)] = self.versions.get((ns, name), 1) + 1
+
+    def patches(self) -> list[Request]:
+        return [r for r in list(self.requests) if r.method == "PATCH"]
+
+    def _auth(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        auth = headers.get("authorization", "")
+        if not auth.startswith("Bearer "):
+            return 401, json.dumps({"kind": "Status", "code": 401, "reason": "Unauthorized"}), ""
+        if auth != f"Bearer {self.token}":
+            return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"}), ""
+        return None
+
+    def answer_patch(self, path: str, query: dict[str, str], headers: dict[str, str],
+                     body: bytes) -> tuple[int, str, str]:
+        self.requests.append(Request(path, query, headers, "PATCH", body))
+        denied = self._auth(headers)
+        if denied is not None:
+            return denied
+        job = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
+        if job is None:
+            return 405, json.dumps({"kind": "Status", "code": 405}), ""
+        if {"jobs", "jobs/patch"} & self.forbidden:
+            return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
+                                    "message": 'jobs.batch is forbidden: User "system:'
+                                    'serviceaccount:ml:default" cannot patch resource "jobs"'}), ""
+        if headers.get("content-type") != "application/merge-patch+json":
+            return 415, json.dumps({"kind": "Status", "code": 415,
+                                    "reason": "UnsupportedMediaType"}), ""
+        ns, name = (urllib.parse.unquote(g) for g in job.groups())
+        if (ns, name) not in self.jobs:
+            return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
+        try:
+            patch = json.loads(body)
+            metadata = patch["metadata"]
+            changes = metadata.get("annotations", {})
+            if set(patch) != {"metadata"} or set(metadata) - {"annotations", "resourceVersion"} \
+                    or not isinstance(changes, dict):
+                raise ValueError("the fake patches metadata.annotations only")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return 422, json.dumps({"kind": "Status", "code": 422, "message": str(e)}), ""
+        with self._lock:  # one change at a time, as etcd's compare-and-swap
+            current = str(self.versions.get((ns, name), 1))
+            if "resourceVersion" in metadata and metadata["resourceVersion"] != current:
+                return 409, json.dumps({"kind": "Status", "code": 409, "reason": "Conflict"}), ""
+            annotations = self.annotations.setdefault((ns, name), {})
+            for key, value in changes.items():  # RFC 7386: null removes, a string replaces
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
+            self.touch(ns, name)
+            return 200, json.dumps(self.job_document(ns, name)), ""
 
     def label(self, node: str, key: str, value: str | None) -> None:
         labels = self.nodes.setdefault(node, {})
@@ -110,13 +190,12 @@ class FakeKubernetesAPI:
 
     def answer(self, path: str, query: dict[str, str], headers: dict[str, str]) -> tuple[int, str, str]:
         self.requests.append(Request(path, query, headers))
-        auth = headers.get("authorization", "")
-        if not auth.startswith("Bearer "):
-            return 401, json.dumps({"kind": "Status", "code": 401, "reason": "Unauthorized"}), ""
-        if auth != f"Bearer {self.token}":
-            return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden"}), ""
+        denied = self._auth(headers)
+        if denied is not None:
+            return denied
         job = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
         if job is not None:
+            self.reads_open.wait(60)
             if "jobs" in self.forbidden:
                 return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
                                         "message": 'jobs.batch is forbidden: User "system:'
@@ -124,10 +203,7 @@ class FakeKubernetesAPI:
             ns, name = (urllib.parse.unquote(g) for g in job.groups())
             if (ns, name) not in self.jobs:
                 return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
-            return 200, json.dumps({"apiVersion": "batch/v1", "kind": "Job",
-                                    "metadata": {"name": name, "namespace": ns},
-                                    "spec": {"suspend": self.jobs[(ns, name)],
-                                             "completionMode": "Indexed"}}), ""
+            return 200, json.dumps(self.job_document(ns, name)), ""
         prefix = "/api/v1/nodes/"
         name = urllib.parse.unquote(path[len(prefix):]) if path.startswith(prefix) else ""
         if name not in self.nodes:
@@ -147,6 +223,19 @@ def serve(fake: FakeMetadataServer | FakeKubernetesAPI) -> Iterator[str]:
             query = dict(urllib.parse.parse_qsl(parts.query))
             headers = {k.lower(): v for k, v in self.headers.items()}
             code, body, etag = fake.answer(parts.path, query, headers)
+            self._reply(code, body, etag)
+
+        def do_PATCH(self) -> None:  # noqa: N802
+            parts = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(parts.query))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if isinstance(fake, FakeKubernetesAPI):
+                self._reply(*fake.answer_patch(parts.path, query, headers, data))
+            else:
+                self._reply(405, "method not allowed", "")
+
+        def _reply(self, code: int, body: str, etag: str) -> None:
             data = body.encode()
             self.send_response(code)
             if isinstance(fake, FakeMetadataServer):
@@ -175,5 +264,7 @@ def serve(fake: FakeMetadataServer | FakeKubernetesAPI) -> Iterator[str]:
             with fake._changed:  # release blocked long-polls
                 fake.closed = True
                 fake._changed.notify_all()
+        else:
+            fake.reads_open.set()  # release held reads
         server.shutdown()
         server.server_close()

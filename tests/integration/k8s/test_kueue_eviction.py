@@ -8,7 +8,10 @@ and answers (``cause.json``): suspended → exit 77 and the ``suspended`` outcom
 snapshot, and the readmitted Job's pod resumes from it; not suspended, or no RBAC grant (403)
 → exit 75 and ``preempted``, with the reason logged and recorded. State mode (a real torch
 training script with the ``Checkpointer``) asks the same way: suspended → exit 77 and the
-``suspended`` outcome; a drain is a preemption (exit 75)."""
+``suspended`` outcome; a drain is a preemption (exit 75). As in the transformed Job pod, both
+containers keep their committed-seq files on the shared volume, which the sidecar seeds from
+the Job's annotation before the main container starts (one ``GET``) and keeps in it
+(``PATCH``es, counted apart)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.k8s.committed import ANNOTATION, STARTED_PATH, parse_entries
 from cairn.runtime import channel
 from cairn.store import Key
 from cairn import open_store
@@ -33,7 +37,10 @@ JOB = ("ml", "train")
 
 
 @pytest.fixture()
-def fake_api(tmp_path: Path) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
+def fake_api(tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
+    # The transform's CAIRN_COMMITTED_DIR, for the sidecar and the main container alike.
+    monkeypatch.setenv("CAIRN_COMMITTED_DIR", str(tmp_path / "shared" / "committed"))
     api = FakeKubernetesAPI()
     api.jobs[JOB] = False
     token = tmp_path / "token"
@@ -49,11 +56,14 @@ def _sidecar(tmp_path: Path, api: FakeKubernetesAPI, token: Path) -> tuple[Sidec
                              "/".join(JOB), "--kube-api", api.url, "--kube-token-file",
                              str(token))
     wait_for(lambda: (shared / channel.CAUSE_NAME).exists(), 30, "the sidecar's announcement")
+    # The kubelet starts the main container once the sidecar's startup probe passes.
+    wait_for(lambda: sidecar.get(STARTED_PATH)[0] == 200, 30, "the sidecar's startup probe")
     return sidecar, shared
 
 
 def _job_gets(api: FakeKubernetesAPI) -> int:
-    return sum(1 for r in api.requests if r.path == "/apis/batch/v1/namespaces/ml/jobs/train")
+    return sum(1 for r in api.requests if r.path == "/apis/batch/v1/namespaces/ml/jobs/train"
+               and r.method == "GET")
 
 
 @pytest.mark.parametrize("case", ["suspended", "running", "forbidden"])
@@ -68,12 +78,13 @@ def test_the_sidecar_answers_an_ask_with_the_jobs_suspend(
     try:
         announced = channel.read_cause(str(shared))
         assert announced is not None and announced.asked_at is None
-        assert _job_gets(api) == 0  # nothing is read while the step runs
+        # Read once before the main container starts (its committed seqs), not while it runs.
+        assert _job_gets(api) == 1
         asked = channel.ask_cause(str(shared), signal_name="SIGTERM")
         assert asked is not None
         cause = channel.await_cause(str(shared), asked, timeout_s=30)
         assert cause is not None and cause.suspended is (case == "suspended")
-        assert _job_gets(api) == 1
+        assert _job_gets(api) == 2
         if case == "forbidden":
             assert "the API server answered 403" in cause.reason
             assert "get on jobs (cairn.k8s.job_reader_rbac" in cause.reason
@@ -228,8 +239,13 @@ def test_a_kueue_eviction_of_a_state_mode_pod_ends_suspended_and_resumes(
         assert first.wait(120) == 77, first.stderr
         assert "Job ml/train has spec.suspend: true" in first.stderr
         assert "suspended, not preempted" in first.stderr
-        assert _job_gets(api) == 1
+        assert _job_gets(api) == 2  # the committed seqs at the start, the ask
         (final,) = _state_snapshots(tmp_path, key)  # every=1000: only the final snapshot
+        # The Checkpointer recorded it; the sidecar keeps it in the Job for the next pod.
+        with open_store(str(tmp_path / "store"), create=False) as store:
+            store_url = store.url
+        wait_for(lambda: parse_entries(api.annotations.get(JOB, {}).get(ANNOTATION), where="")
+                 == {(store_url, key): final.seq}, 30, "the final seq in the Job's annotation")
         outcome = _outcome(tmp_path, key)
         assert outcome.outcome.value == "suspended"
         assert outcome.detail["cause"]["suspended"] is True
@@ -260,7 +276,7 @@ def test_a_drain_of_a_state_mode_pod_stays_a_preemption(
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(120) == 75, run.stderr
         assert "Job ml/train is not suspended" in run.stderr
-        assert _job_gets(api) == 1
+        assert _job_gets(api) == 2
         (final,) = _state_snapshots(tmp_path, key)
         assert final.manifest.step == run.lines("loss")[-1]
         with open_store(str(tmp_path / "store"), create=False) as store:

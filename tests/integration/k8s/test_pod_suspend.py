@@ -3,7 +3,9 @@ main container polls the store itself (cairn.runtime.suspend), so the sidecar ne
 nothing but upload the final dump it spools, as for any snapshot. Two real processes sharing a
 directory, as the transformed pod's containers do; real CRIU; the requests through the real CLI.
 The sidecar runs as in a Job pod (``--owner-job``, against a FAKE Kubernetes API server): a
-suspend request is honoured without asking it (no SIGTERM), and its Job is never read."""
+suspend request is honoured without asking it (no SIGTERM): its Job is read once, before the
+main container starts (the committed seqs its annotation keeps), and only patched after, with
+the seq of the final snapshot the sidecar committed."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.k8s.committed import ANNOTATION, STARTED_PATH, parse_entries
 from cairn.process.spool import Spool
 from cairn.runtime import channel
 from cairn.store import Key
@@ -32,9 +35,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not can_run_criu(), reason="needs root and a criu binary (make criu)")
-def test_a_suspend_request_is_honoured_by_the_main_container_in_a_pod(tmp_path: Path) -> None:
+def test_a_suspend_request_is_honoured_by_the_main_container_in_a_pod(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shared, store, logs = tmp_path / "shared", tmp_path / "store", tmp_path / "logs"
     shared.mkdir()
+    # The transform's CAIRN_COMMITTED_DIR, for the sidecar and the main container alike.
+    monkeypatch.setenv("CAIRN_COMMITTED_DIR", str(shared / "committed"))
     metrics_file = tmp_path / "metrics.txt"
     key, steps = "ml/train/0", 200
     api = FakeKubernetesAPI()
@@ -51,6 +57,7 @@ def test_a_suspend_request_is_honoured_by_the_main_container_in_a_pod(tmp_path: 
                                  "--kube-token-file", str(token))
         try:
             wait_for(lambda: Spool(str(shared / "spool")).uploader_alive(), 30, "the uploader")
+            wait_for(lambda: sidecar.get(STARTED_PATH)[0] == 200, 30, "the startup probe")
             first = CairnRun(store=str(store), key=key, command=command, workdir=shared / "run",
                              logs=logs, every="0", grace="30s", extra=extra)
             wait_for(lambda: metrics_file.exists() and len(metric_steps(metrics_file)) >= 5
@@ -66,8 +73,13 @@ def test_a_suspend_request_is_honoured_by_the_main_container_in_a_pod(tmp_path: 
             assert outcome.outcome.value == "suspended"
             assert outcome.detail["suspend"]["reason"] == "GPUs for an urgent job"
             assert "cause" not in outcome.detail  # no SIGTERM: the sidecar was not asked
-            assert not api.requests  # and it never read the Job
+            # Its Job read once, before the main container started, and never asked after.
+            assert [r.method for r in api.requests if r.method != "PATCH"] == ["GET"]
             assert sidecar.metrics()[("cairn_sidecar_last_upload_seq", ())] == seq
+            with open_store(str(store), create=False) as s:
+                store_url = s.url
+            wait_for(lambda: parse_entries(api.annotations.get(("ml", "train"), {}).get(
+                ANNOTATION), where="") == {(store_url, key): seq}, 30, "the Job's annotation")
             done = len(metric_steps(metrics_file))
             assert 0 < done < steps
 

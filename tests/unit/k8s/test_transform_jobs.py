@@ -18,7 +18,10 @@ from kubernetes_validate.utils import latest_version
 from cairn.exceptions import ConfigError
 from cairn.k8s import with_snapshot_sidecar
 from cairn.k8s.job_templates import COMPLETION_INDEX_ANNOTATION, INDEX_ENV, JOB_NAME_LABEL
-from cairn.k8s.transform import SIDECAR_NAME, _to_model
+from cairn.k8s.committed import STARTED_PATH
+from cairn.k8s.jobs import JobSettings
+from cairn.k8s.transform import METRICS_PORT, SHARED_PATH, SIDECAR_NAME, _to_model
+from cairn.runtime.env import COMMITTED_DIR
 from cairn.store import Key
 from tests.unit.k8s import crd_schemas
 from tests.unit.k8s.pod_checks import semantic_problems
@@ -234,7 +237,9 @@ def test_a_process_mode_job_sidecar_reads_its_job_with_the_generated_role(
     from cairn.k8s.sidecar_cli import _settings
 
     role, binding = job_reader_rbac(service_account="trainer", namespace="ml")
-    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]}]
+    # get: spec.suspend and the committed seqs before the main container starts; patch: keep them.
+    assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"],
+                              "verbs": ["get", "patch"]}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     for doc in (role, binding):
         kubernetes_validate.validate(doc, version, strict=True)
@@ -244,12 +249,15 @@ def test_a_process_mode_job_sidecar_reads_its_job_with_the_generated_role(
     out = with_snapshot_sidecar(_job(), **_options("process"))
     spec = out["spec"]["template"]["spec"]
     sidecar = next(c for c in spec["initContainers"] if c["name"] == SIDECAR_NAME)
-    argv, _ = _expand(sidecar, _pod_meta("train", 1))
+    argv, sidecar_env = _expand(sidecar, _pod_meta("train", 1))
     args = build_parser().parse_args(argv[1:])
     assert args.owner_job == "ml/train"
+    # The sidecar's environment, as the pod gives it: the committed-seq files it seeds and keeps.
+    monkeypatch.setenv(COMMITTED_DIR.name, sidecar_env[COMMITTED_DIR.name])
     settings = _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path),
                                                "kube_api": "https://10.0.0.1"}))
     assert (settings.job.namespace, settings.job.name) == ("ml", "train")
+    assert settings.committed_dir == f"{SHARED_PATH}/committed"
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="runs in a pod"):
         _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path)}))
@@ -259,3 +267,60 @@ def test_a_process_mode_job_sidecar_reads_its_job_with_the_generated_role(
                          if c["name"] == SIDECAR_NAME)
     state_argv, _ = _expand(state_sidecar, _pod_meta("train", 1))
     assert build_parser().parse_args(state_argv[1:]).owner_job == "ml/train"
+
+
+def _containers(spec: dict[str, Any], main: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    return (next(c for c in spec["containers"] if c["name"] == main),
+            next(c for c in spec["initContainers"] if c["name"] == SIDECAR_NAME))
+
+
+@pytest.mark.parametrize("mode", ["process", "state"])
+def test_a_job_pods_committed_seqs_are_shared_and_seeded_before_the_main_container(
+        mode: str) -> None:
+    """ADR 0049 across a Job's pods: both containers keep the committed-seq files on the
+    shared volume, and the sidecar's startup probe holds the main container back until the
+    sidecar has copied the Job's annotation there."""
+    out = with_snapshot_sidecar(_job(), **_options(mode))
+    for version in VERSIONS:
+        kubernetes_validate.validate(out, version, strict=True)
+    spec = out["spec"]["template"]["spec"]
+    assert semantic_problems({"spec": spec}, main="train") == []
+    main, sidecar = _containers(spec, "train")
+    meta = _pod_meta("train", 2)
+    for container in (main, sidecar):
+        _, values = _expand(container, meta)
+        assert values[COMMITTED_DIR.name] == f"{SHARED_PATH}/committed", container["name"]
+        assert any(m["mountPath"] == SHARED_PATH and m["name"] == "cairn-shared"
+                   for m in container["volumeMounts"])
+    probe = sidecar["startupProbe"]
+    assert probe["httpGet"] == {"path": STARTED_PATH, "port": METRICS_PORT}
+    assert probe["periodSeconds"] == 1
+    # The probe outlasts a Job read that times out, with room for the interpreter's start.
+    timeout_s = JobSettings(namespace="ml", name="train", api_url="https://10.0.0.1").timeout_s
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 4 * timeout_s
+    # A JobSet's replicated Jobs are Jobs too.
+    jobset = with_snapshot_sidecar(_jobset(), **_options(mode))
+    crd_schemas.validate(jobset)
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        pod_spec = rjob["template"]["spec"]["template"]["spec"]
+        _, side = _containers(pod_spec, pod_spec["containers"][0]["name"])
+        assert side["startupProbe"] == probe
+
+
+def test_a_pod_no_job_owns_keeps_its_files_where_they_were() -> None:
+    """No owner Job, no annotation to seed from: nothing moves, nothing waits."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": _template()["spec"]}
+    out = with_snapshot_sidecar(pod, key="team/run-1", **_options("process"))
+    main, sidecar = _containers(out["spec"], "train")
+    assert "startupProbe" not in sidecar and "--owner-job" not in sidecar["args"]
+    assert COMMITTED_DIR.name not in {e["name"] for c in (main, sidecar)
+                                      for e in c.get("env") or []}
+
+
+def test_a_job_whose_container_keeps_its_marks_elsewhere_is_refused() -> None:
+    job = _job()
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": COMMITTED_DIR.name, "value": "/mnt/marks"}]
+    with pytest.raises(ConfigError, match=f"already sets {COMMITTED_DIR.name}='/mnt/marks'"):
+        with_snapshot_sidecar(job, **_options("state"))

@@ -86,6 +86,37 @@ def test_only_complete_entries_are_taken_and_each_leaves_a_result(tmp_path: Path
         assert uploader.step() is False and uploader.stats.pending == 0
 
 
+def test_each_commit_is_recorded_before_the_supervisor_can_hear_of_it(tmp_path: Path) -> None:
+    """ADR 0049: the sidecar records the committed seq (``on_commit``) before it writes the
+    verdict, so the supervisor's own record finds it there; a drop records nothing."""
+    from cairn.k8s.committed import SharedMarks
+    from cairn.runtime.rollback import local_mark
+
+    marks = SharedMarks(str(tmp_path / "committed"))
+    seen: list[tuple[str, str, int, bool]] = []
+
+    def on_commit(store_url: str, key: str, seq: int) -> None:
+        entries = [e for e in uploader.spool.entries() if not e.endswith(spool_mod.RESULT_SUFFIX)]
+        verdict = Path(uploader.spool.path, entries[0] + spool_mod.RESULT_SUFFIX)
+        seen.append((store_url, key, seq, verdict.exists()))
+        marks.record_commit(store_url, key, seq)
+
+    with open_store(str(tmp_path / "store")) as store:
+        attempt = store.open_attempt(KEY)
+        uploader = Uploader(UploadSettings(spool_dir=str(tmp_path / "spool")),
+                            on_commit=on_commit)
+        try:
+            older = _spool_one(uploader.spool, store.url, attempt, tmp_path)
+            _spool_one(uploader.spool, store.url, attempt, tmp_path)
+            assert uploader.step() and uploader.step()
+            assert _result(uploader.spool, older)["outcome"] == "superseded"
+            (info,) = store.snapshots(KEY)
+            assert seen == [(store.url, str(KEY), info.seq, False)]
+            assert local_mark(store.url, str(KEY), marks.environ).read() == info.seq
+        finally:
+            uploader.stop()
+
+
 def test_an_older_entry_of_the_same_attempt_is_superseded(tmp_path: Path) -> None:
     with _uploading(tmp_path) as (store, attempt, uploader):
         older = _spool_one(uploader.spool, store.url, attempt, tmp_path)
