@@ -1,10 +1,17 @@
-"""The k8s integration tests' ``cairn run`` steps run in their test's directory."""
+"""The k8s integration tests' ``cairn run`` steps run in their test's directory; the shared
+volume of a pod whose containers run as different users."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cairn.k8s.transform import SIDECAR_UID
 
 
 @pytest.fixture(autouse=True)
@@ -15,3 +22,17 @@ def _step_runs_in_tmp_path(request: pytest.FixtureRequest, tmp_path: Path,
     # pod's files are under its image's WORKDIR or a declared CAIRN_TRACK_ROOTS.
     if "CairnRun" in vars(request.module):
         monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture()
+def volume() -> Iterator[Path]:
+    """A pod's shared volume as the kubelet makes an ``emptyDir`` for the pod's ``fsGroup``
+    (the sidecar's group): group 65532, setgid, mode 2777."""
+    # Not under pytest's tmp_path: its parents are 0700, which the other users cannot cross.
+    path = Path(tempfile.mkdtemp(prefix="cairn-volume-", dir="/tmp"))
+    try:
+        os.chown(path, 0, SIDECAR_UID)
+        os.chmod(path, 0o2777)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,18 +47,6 @@ MAIN = textwrap.dedent("""
     mark = local_mark(STORE, KEY, {"CAIRN_COMMITTED_DIR": sys.argv[1]})
     print(json.dumps([mark.read(), mark.record(int(sys.argv[2])), mark.read()]))
 """)
-
-
-@pytest.fixture()
-def volume() -> Iterator[Path]:
-    # Not under pytest's tmp_path: its parents are 0700, which the other users cannot cross.
-    path = Path(tempfile.mkdtemp(prefix="cairn-volume-", dir="/tmp"))
-    try:
-        os.chown(path, 0, SIDECAR_UID)
-        os.chmod(path, 0o2777)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _as(uid: int, groups: list[int], code: str, *args: str) -> subprocess.CompletedProcess[str]:

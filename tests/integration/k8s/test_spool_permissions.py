@@ -11,13 +11,10 @@ the spool. Needs root (to switch users).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,18 +55,6 @@ STRANGE = textwrap.dedent("""
             denied.append(True)
     print(len(denied))
 """)
-
-
-@pytest.fixture()
-def volume() -> Iterator[Path]:
-    # Not under pytest's tmp_path: its parents are 0700, which the other users cannot cross.
-    path = Path(tempfile.mkdtemp(prefix="cairn-volume-", dir="/tmp"))
-    try:
-        os.chown(path, 0, SIDECAR_UID)
-        os.chmod(path, 0o2777)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _as(uid: int, gid: int, code: str, *args: str) -> subprocess.CompletedProcess[str]:
