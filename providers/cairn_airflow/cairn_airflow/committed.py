@@ -11,7 +11,8 @@ Around each try, :func:`kept_by_airflow`:
 - publishes the file's newest seq back to the task state store while the try runs, from a
   thread of its own and at most a poll (1 s) behind the commit: a commit never waits on the
   API server. A worker lost in the second after a commit may leave that seq unpublished; the
-  snapshots committed before it are covered.
+  snapshots committed before it are covered. Under ``dag.test()``, whose in-process comms
+  serve one thread at a time, it is published once, when the try ends.
 
 The value lives as long as Airflow's ``[state_store] default_retention_days`` (30 by
 default) and is dropped with the task instance's state (``clear_on_success``); a key marked
@@ -61,8 +62,26 @@ def kept_by_airflow(context: Mapping[str, Any], store_url: str, key: Any, *,
                  kept, SOURCE)
     mirror = rollback.MarkMirror(mark, lambda entry: accessor.set(TASK_STATE_KEY, entry),
                                  published=kept)
-    mirror.start()
+    threaded = _comms_take_threads()
+    if threaded:
+        mirror.start()
+    else:
+        log.info("cairn: this task's supervisor comms serve one thread (dag.test()): the "
+                 "committed seq is kept in %s when the try ends, not as it commits", SOURCE)
     try:
         yield
     finally:
-        mirror.stop()
+        if threaded:
+            mirror.stop()
+        else:
+            mirror.sync()
+
+
+def _comms_take_threads() -> bool:
+    """Whether the task's channel to its supervisor serializes callers from any thread (the
+    worker's ``CommsDecoder`` does); ``dag.test()``'s in-process comms remove
+    ``SUPERVISOR_COMMS`` while they serve a call, so a second thread's call fails."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import CommsDecoder
+
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), CommsDecoder)

@@ -273,6 +273,24 @@ def test_a_lost_node_s_cooperative_step_resumes_on_the_other_node(two_nodes: Clu
     assert [r[1] for r in rows[index:]] == list(range(result["start_step"], total)), \
         "a step after the resume point ran twice or not at all"
     assert meta["try_number"] == 2 and meta["done"] is True
+    # The newest committed seq was kept in Airflow's task state store, by the workers' own
+    # threads through their supervisor comms (ADR 0049): the retry's last commit.
+    from cairn.store import Key
+
+    kept = _kept_committed_seq(stack, dag_id, run_id)
+    assert kept["key"] == str(Key(key)) and kept["seq"] == meta["seq"] is not None, kept
+
+
+def _kept_committed_seq(stack: AirflowStack, dag_id: str, run_id: str) -> dict[str, Any]:
+    """The ``cairn_committed_seq`` value of the ``train`` task in the task state store table."""
+    from cairn_airflow.committed import TASK_STATE_KEY
+
+    text = stack.postgres.execute(
+        "SELECT value FROM task_state_store WHERE dag_id = '{}' AND run_id = '{}' AND "
+        "task_id = 'train' AND key = '{}'".format(dag_id, run_id, TASK_STATE_KEY)).strip()
+    assert text, f"no {TASK_STATE_KEY} kept for {dag_id} {run_id}"
+    value = json.loads(text)
+    return json.loads(value) if isinstance(value, str) else value
 
 
 @needs_criu
