@@ -412,8 +412,8 @@ class SnapshotWriter:
             elapsed = time.monotonic() - self._started
             if elapsed > self._store.gc_grace_seconds / 2:
                 raise SnapshotTooSlow(
-                    f"the snapshot took {elapsed:.0f}s, more than half the store's GC grace "
-                    f"({self._store.gc_grace_seconds:.0f}s); not committed. Raise "
+                    f"the snapshot took {elapsed:.1f}s, more than half the store's GC grace "
+                    f"({self._store.gc_grace_seconds:g}s); not committed. Raise "
                     "gc_grace_seconds in the store's cairn-store.json or snapshot less data"
                 )
             manifest = Manifest(
