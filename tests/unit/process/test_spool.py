@@ -6,10 +6,11 @@ tests/support/fake_dump.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -409,18 +410,38 @@ def test_a_starting_run_lets_the_uploader_finish_an_earlier_runs_entries(
         uploader = Uploader(UploadSettings(spool_dir=spool_dir, poll_s=0.05))
         supervisor = Supervisor(RunSettings(store=store.url, key=str(KEY), argv=("true",),
                                             spool_dir=spool_dir, spool_wait_s=30))
-        uploader.start()
+        # The uploader's heartbeat says it is alive; its uploads start once the supervisor
+        # waits for it. Started before, it may have committed the entry before the supervisor
+        # looked, and then nothing is waited for (seen on a loaded CI machine).
+        spool.write_heartbeat({"pid": os.getpid(), "pending": 1})
+        starter = _StartWhenLogged(uploader.start, "waiting up to 30s for the sidecar")
+        logging.getLogger("cairn.run").addHandler(starter)
         try:
             with caplog.at_level("WARNING", logger="cairn.run"):
                 supervisor.dumper.spool = SpoolClient.prepare(
                     spool_dir, wait_s=30, account=supervisor.dumper.account_upload)
         finally:
-            uploader.stop()
+            logging.getLogger("cairn.run").removeHandler(starter)
+            if starter.started:
+                uploader.stop()
         assert "waiting up to 30s for the sidecar to upload 1 snapshot(s)" in caplog.text
         assert supervisor.dumper.spool is not None and spool.entries() == []
         (info,) = store.snapshots(KEY)
         assert info.epoch == earlier.epoch
         assert snap_mod.process_info(info.manifest)["spool_entry"] == ticket.entry
+
+
+class _StartWhenLogged(logging.Handler):
+    """Calls ``start`` (once) when a record containing ``text`` is logged."""
+
+    def __init__(self, start: Callable[[], None], text: str) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._start, self._text, self.started = start, text, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.started and self._text in record.getMessage():
+            self.started = True
+            self._start()
 
 
 def test_a_final_dump_that_would_not_fit_withdraws_pending_entries(tmp_path: Path) -> None:
