@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cairn.k8s.transform import SIDECAR_UID
+from tests.integration.k8s.fakes import JOB, FakeKubernetesAPI, serve
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +37,15 @@ def volume() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def fake_api(tmp_path: Path) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
+    """The fake API server (a fake: no Kubernetes API server runs here) serving the running Job
+    ``ml/train``, and the file holding its service-account token."""
+    api = FakeKubernetesAPI()
+    api.jobs[JOB] = False
+    token = tmp_path / "token"
+    token.write_text(api.token)
+    with serve(api):
+        yield api, token

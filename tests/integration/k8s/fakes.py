@@ -88,6 +88,10 @@ class FakeMetadataServer:
         return 200, value, self.etag(value)
 
 
+# The Job the integration tests' fake API serves (the ``fake_api`` fixture): namespace, name.
+JOB = ("ml", "train")
+
+
 @dataclass
 class FakeKubernetesAPI:
     """``GET /api/v1/nodes/{name}`` and ``GET /apis/batch/v1/namespaces/{ns}/jobs/{name}`` with

@@ -7,35 +7,21 @@ naming the annotation. Without that seeding the same try restores the older snap
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from cairn import open_store
 from cairn.exceptions import RollbackRefused
 from cairn.k8s.committed import ANNOTATION, STARTED_PATH, parse_entries
-from cairn.state import Checkpointer
-from cairn.state.checkpointer import PersistMode
-from cairn.store import Key, Store
+from cairn.store import Key
 from cairn.store.slotlog import record_name
-from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
+from tests.integration.k8s.fakes import JOB, FakeKubernetesAPI
 from tests.integration.k8s.test_sidecar import SidecarProcess
+from tests.support.committed_tries import committed_try
 from tests.support.cairn_run import wait_for
 
-JOB = ("ml", "train")
 KEY = Key.parse("ml/train/0")
-
-
-@pytest.fixture()
-def fake_api(tmp_path: Path) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
-    api = FakeKubernetesAPI()
-    api.jobs[JOB] = False
-    token = tmp_path / "token"
-    token.write_text(api.token)
-    with serve(api):
-        yield api, token
 
 
 def _pod(tmp_path: Path, name: str, api: FakeKubernetesAPI, token: Path,
@@ -53,17 +39,6 @@ def _pod(tmp_path: Path, name: str, api: FakeKubernetesAPI, token: Path,
     return sidecar
 
 
-def _train(store: Store, steps: int) -> tuple[Checkpointer, int]:
-    model = torch.nn.Linear(4, 2)
-    ckpt = Checkpointer(store=store, key=KEY, every_steps=1, every_seconds=None,
-                        persist=PersistMode.INLINE, preemption=None)
-    start = ckpt.restore(model=model)
-    for step in range(start, start + steps):
-        with torch.no_grad():
-            model.weight.add_(1.0)
-        ckpt.step(step)
-    return ckpt, start
-
 
 def test_the_jobs_next_pod_refuses_what_its_first_pod_committed(
         tmp_path: Path, fake_api: tuple[FakeKubernetesAPI, Path],
@@ -72,7 +47,7 @@ def test_the_jobs_next_pod_refuses_what_its_first_pod_committed(
     with open_store(str(tmp_path / "store")) as store:
         first = _pod(tmp_path, "pod-0", api, token, monkeypatch)
         try:
-            ckpt, _ = _train(store, 3)
+            ckpt, _ = committed_try(store, KEY, 3)
             ckpt.close()
             newest, older = store.snapshots(KEY)[:2]
             wait_for(lambda: parse_entries(api.annotations.get(JOB, {}).get(ANNOTATION),
@@ -87,7 +62,7 @@ def test_the_jobs_next_pod_refuses_what_its_first_pod_committed(
             assert f"earlier pods of Job ml/train committed {KEY} seq {newest.seq} (kept in " \
                 "cairn.dev/committed-seqs)" in second.stderr
             with pytest.raises(RollbackRefused) as refused:
-                _train(store, 1)
+                committed_try(store, KEY, 1)
             assert (refused.value.recorded, refused.value.found) == (newest.seq, older.seq)
             assert "copied from the annotation cairn.dev/committed-seqs of Job ml/train" in \
                 str(refused.value)
@@ -97,6 +72,6 @@ def test_the_jobs_next_pod_refuses_what_its_first_pod_committed(
 
         # The same try in a pod whose sidecar did not seed it: the older snapshot restored.
         monkeypatch.setenv("CAIRN_COMMITTED_DIR", str(tmp_path / "unseeded"))
-        ckpt, start = _train(store, 1)
+        ckpt, start = committed_try(store, KEY, 1)
         ckpt.close()
         assert start == older.manifest.step + 1

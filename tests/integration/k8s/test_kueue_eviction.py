@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,25 +27,17 @@ from cairn.k8s.committed import ANNOTATION, STARTED_PATH, parse_entries
 from cairn.runtime import channel
 from cairn.store import Key
 from cairn import open_store
-from tests.integration.k8s.fakes import FakeKubernetesAPI, serve
+from tests.integration.k8s.fakes import JOB, FakeKubernetesAPI
 from tests.integration.k8s.test_sidecar import SidecarProcess
 from tests.support.cairn_run import COUNTER, CairnRun, can_run_criu, metric_steps, wait_for
 from tests.support.resume_runs import REPO
 
-JOB = ("ml", "train")
 
 
-@pytest.fixture()
-def fake_api(tmp_path: Path,
-             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeKubernetesAPI, Path]]:
+@pytest.fixture(autouse=True)
+def _committed_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The transform's CAIRN_COMMITTED_DIR, for the sidecar and the main container alike.
     monkeypatch.setenv("CAIRN_COMMITTED_DIR", str(tmp_path / "shared" / "committed"))
-    api = FakeKubernetesAPI()
-    api.jobs[JOB] = False
-    token = tmp_path / "token"
-    token.write_text(api.token)
-    with serve(api):
-        yield api, token
 
 
 def _sidecar(tmp_path: Path, api: FakeKubernetesAPI, token: Path) -> tuple[SidecarProcess, Path]:
