@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# The bytecode of what cairn's commands and a training script import, written once here
 	# (5 s of CPU): a user whose shell sets PYTHONDONTWRITEBYTECODE would otherwise compile it
 	# again in every `cairn run` and every training process (2.5 s of CPU per `import torch`).
-	$(PY) -c 'import torch, cairn.cli.main, cairn.process.supervisor, cairn.process.restore, cairn.store.gcs, cairn.store.s3, cairn.state, cairn.k8s.sidecar'
+	$(PY) -c 'import torch, cairn.cli.entry, cairn.cli.main, cairn.process.supervisor, cairn.process.restore, cairn.store.gcs, cairn.store.s3, cairn.state, cairn.k8s.sidecar'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -70,14 +70,28 @@ def format_version(version: tuple[int, ...]) -> str:
     return ".".join(str(part) for part in version)
 
 
+# Versions asked, by the binary's path and file identity: ``cairn run`` needs it for the host
+# checks and again for the snapshot's compatibility record, and each ask is a subprocess.
+_VERSIONS: dict[tuple[str, int, int, int, int], tuple[int, ...] | None] = {}
+
+
 def criu_version(binary: str) -> tuple[int, ...] | None:
-    """The version ``binary --version`` reports, or ``None`` if it cannot run or says none."""
+    """The version ``binary --version`` reports, or ``None`` if it cannot run or says none.
+    Asked once per binary file (a file replaced at that path is asked again); any thread."""
+    try:
+        st = os.stat(binary)
+    except OSError:
+        return None
+    identity = (binary, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity in _VERSIONS:
+        return _VERSIONS[identity]
     try:
         done = subprocess.run([binary, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, timeout=CHECK_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return parse_version(done.stdout + done.stderr)
+    version = _VERSIONS[identity] = parse_version(done.stdout + done.stderr)
+    return version
 
 
 def criu_check(binary: str, *, unprivileged: bool | None = None) -> CriuCheck:

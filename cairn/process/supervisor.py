@@ -55,12 +55,11 @@ from cairn.process import criu as criu_mod
 from cairn.process import compat as compat_mod
 from cairn.process import gpu_budget
 from cairn.process import gpus as gpus_mod
-from cairn.process import pids as pids_mod
+from cairn.process import host_start
 from cairn.process import restore as restore_mod
 from cairn.process import spool as spool_mod
 from cairn.process import workload
 from cairn.process.child import PR_SET_CHILD_SUBREAPER, Child, StopSignals, prctl
-from cairn.process.doctor import Preflight
 from cairn.process.dumper import Dumper
 from cairn.process.log_echo import LogEcho
 from cairn.process.restorer import Restorer
@@ -216,16 +215,16 @@ class Supervisor:
         """Before the try opens: the exit code of a run that cannot start (said why), or
         None. Opens the store, runs the host checks and finds CRIU."""
         s = self.settings
-        try:
-            done = pids_mod.make_cursor_writable()
-            if done:
-                log.warning("%s", done)
-        except OSError as e:
+        # The cursor made writable, then the host checks' thread: begun by the entry point
+        # before the CLI's imports (host_start), or now; beside the store's opening.
+        begun = host_start.take(preflight=s.preflight)
+        if begun.cursor_note:
+            log.warning("%s", begun.cursor_note)
+        if begun.cursor_error is not None:
             log.warning("cannot make /proc/sys writable (%s); the workload will start at a low "
-                        "PID that a restore in a fresh container may find taken", e)
-        # After the cursor is made writable (a mount namespace of this thread's, which the
-        # checks' thread must see), and beside the store's opening and read-ahead.
-        preflight = Preflight() if s.preflight else None
+                        "PID that a restore in a fresh container may find taken",
+                        begun.cursor_error)
+        preflight = begun.preflight
         unopened: StoreError | None = None
         try:
             self.ctx.store = open_store(s.store)

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cairn.k8s",),
     ("cairn.tries",),  # the try object: every integration's lifecycle
     ("cairn.integrations", "cairn.cli"),
-    ("cairn",),  # the top-level public API (cairn/__init__.py)
+    ("cairn", "cairn.__main__"),  # the top-level public API (cairn/__init__.py); python -m cairn
     ("cairn_airflow", "cairn_kfp"),
 )
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}

@@ -46,11 +46,14 @@ def test_cairn_run_on_a_plain_store_does_not_import_what_it_does_not_use(tmp_pat
     """``cairn run``'s path up to a restore (the CLI, the supervisor, the restore, a local
     store opened and listed) leaves ``cryptography`` unimported (only an encrypted store needs
     it; its import cost 20-45 ms of the time before a restore starts), nor ``statistics`` (a
-    GPU budget's median; with ``decimal`` 7 ms of a cold start, ADR 0044)."""
-    code = ("import sys; import cairn.cli.main, cairn.process.supervisor, cairn.process.restore; "
+    GPU budget's median; with ``decimal`` 7 ms of a cold start, ADR 0044), nor ``hashlib``
+    (OpenSSL's library: ~20 ms from a cold disk; the committed-seq mark is named with BLAKE3)."""
+    code = ("import sys; import cairn.cli.entry, cairn.process.host_start, cairn.cli.main, "
+            "cairn.process.supervisor, cairn.process.restore, cairn.runtime.rollback as r; "
             "from cairn import open_store, Key; "
             f"s = open_store({str(tmp_path / 'store')!r}); s.snapshots(Key.parse('a/b')); "
-            "print(sorted(m for m in ('cryptography', 'statistics') "
+            "r.local_mark(s.url, 'a/b'); "
+            "print(sorted(m for m in ('cryptography', 'statistics', 'hashlib', '_hashlib') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

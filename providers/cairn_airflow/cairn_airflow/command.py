@@ -77,12 +77,12 @@ _PR_SET_PDEATHSIG = 1
 
 def cairn_executable() -> list[str]:
     """How to start cairn's CLI on this worker: the ``cairn`` script next to this interpreter,
-    else on PATH, else ``python -m cairn.cli.main``."""
+    else on PATH, else ``python -m cairn`` (the same entry point as the script)."""
     beside = os.path.join(os.path.dirname(sys.executable), "cairn")
     if os.access(beside, os.X_OK):
         return [beside]
     found = shutil.which("cairn")
-    return [found] if found else [sys.executable, "-m", "cairn.cli.main"]
+    return [found] if found else [sys.executable, "-m", "cairn"]
 
 
 def _duration(value: float | str, name: str) -> str:
@@ -106,8 +106,9 @@ def _die_with_parent() -> None:
 
 def exit_error(code: int, key: Any) -> Exception:
     """The error a non-zero exit status of ``cairn run`` stands for (see
-    :mod:`cairn.runtime.exits`): Preempted, Fenced, Suspended, RestoreFailed (which
-    :func:`~cairn_airflow.resume.raise_verdict` turns into ``AirflowFailException``), else an
+    :mod:`cairn.runtime.exits`): Preempted, Fenced, Suspended, RestoreFailed and
+    RollbackRefused (which :func:`~cairn_airflow.resume.raise_verdict` turns into
+    ``AirflowFailException``), else an
     ``AirflowException`` naming it."""
     from airflow.exceptions import AirflowException
 
