@@ -69,12 +69,26 @@ class RollbackRefused(CairnError):
     remembers), and the newest the store now offers is older (``found``; None for none): the
     newer ones were deleted behind the key's back or fail their checks. Restoring the older
     one would silently roll hours of work back, so the try does not begin; the caller names
-    where ``recorded`` was kept and how to allow the rollback."""
+    where ``recorded`` was kept and how to allow the rollback. Known only from an exit code
+    (9, :mod:`cairn.runtime.exits`), ``recorded`` is None and the message says so."""
 
-    def __init__(self, message: str, *, recorded: int, found: int | None) -> None:
+    def __init__(self, message: str, *, recorded: int | None, found: int | None) -> None:
         super().__init__(message)
         self.recorded = recorded
         self.found = found
+
+
+class RollbackRefusedExit(RollbackRefused, SystemExit):
+    """A :class:`RollbackRefused` raised where a bare script may let it propagate (the
+    ``Checkpointer``'s ``restore``): also a :class:`SystemExit` whose ``code`` (``cairn
+    run``'s 9, given by whoever raises it) is what the process exits with, instead of 1, so
+    that an orchestrator tells a refusal, which every retry would repeat, from the step's own
+    failure. Whoever raises it logs the message first."""
+
+    def __init__(self, message: str, *, recorded: int | None, found: int | None,
+                 code: int) -> None:
+        super().__init__(message, recorded=recorded, found=found)
+        self.code = code
 
 
 class UnsafePath(CorruptSnapshot):

@@ -292,9 +292,9 @@ class Supervisor:
             self._suspend = suspend_mod.SuspendWatch(store, self.key, epoch=attempt.epoch,
                                                      interval_s=self.settings.suspend_poll_s)
         except RollbackRefused as e:  # before the attempt opens: nothing fenced or restored
-            log.error("%s", e)
+            log.error("%s (exit %d)", e, ExitCode.ROLLBACK_REFUSED)
             store.close()
-            return ExitCode.USAGE
+            return ExitCode.ROLLBACK_REFUSED
         except StoreError as e:
             log.error("cannot open the store: %s", e)
             return ExitCode.STORAGE
@@ -320,8 +320,8 @@ class Supervisor:
             end = TryEnd(ending=Ending.RESTORE_FAILED)
             log.error("%s (exit %d)", e, ExitCode.RESTORE_FAILED, exc_info=e.__cause__ or e)
         except RollbackRefused as e:  # the newer snapshots failed their checks (ADR 0049)
-            end = TryEnd(ending=Ending.FAILED, code=ExitCode.USAGE)
-            log.error("%s (exit %d)", e, ExitCode.USAGE)
+            end = TryEnd(ending=Ending.FAILED, code=ExitCode.ROLLBACK_REFUSED)
+            log.error("%s (exit %d)", e, ExitCode.ROLLBACK_REFUSED)
         finally:
             conclusion = self.session.end(end)
             self._stop_echo()

@@ -24,6 +24,7 @@ from cairn.exceptions import (
     NotFound,
     Preempted,
     RestoreFailed,
+    RollbackRefused,
     StoreError,
     Suspended,
 )
@@ -41,6 +42,7 @@ class ExitCode(enum.IntEnum):
     STORAGE = 6
     NOT_READY = 7
     RESTORE_FAILED = 8
+    ROLLBACK_REFUSED = 9
     PREEMPTED_SAVED = 75
     PREEMPTED_KEPT = 76
     SUSPENDED = 77
@@ -65,6 +67,11 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.RESTORE_FAILED: "restoring failed on this side (a library error, a bug, out of "
                              "memory; cairn run's command was not started or, restored lazily, "
                              "was stopped); no snapshot was skipped: fix the cause, then retry",
+    ExitCode.ROLLBACK_REFUSED: "rollback refused: a try of the key committed a newer snapshot "
+                               "than the store now offers (deleted behind its back, or failing "
+                               "its checks); nothing was restored or started, and a retry would "
+                               "refuse the same: find out what happened to the store, then allow "
+                               "it with --allow-rollback or CAIRN_ALLOW_ROLLBACK=1",
     ExitCode.PREEMPTED_SAVED: "preempted (SIGTERM/SIGINT) and a final snapshot was committed "
                               "(with --spool: or handed to the sidecar, still uploading when "
                               "the budget ran out); a retry resumes from it (EX_TEMPFAIL)",
@@ -80,8 +87,8 @@ MEANINGS: dict[ExitCode, str] = {
 #: The codes ``cairn run`` exits with itself; any other is its command's own (:data:`OWN_CODE`).
 RUN_CODES: tuple[ExitCode, ...] = (
     ExitCode.USAGE, ExitCode.FENCED, ExitCode.STORAGE, ExitCode.NOT_READY,
-    ExitCode.RESTORE_FAILED, ExitCode.PREEMPTED_SAVED, ExitCode.PREEMPTED_KEPT,
-    ExitCode.SUSPENDED)
+    ExitCode.RESTORE_FAILED, ExitCode.ROLLBACK_REFUSED, ExitCode.PREEMPTED_SAVED,
+    ExitCode.PREEMPTED_KEPT, ExitCode.SUSPENDED)
 
 #: Only ``cairn run`` exits with these.
 RUN_ONLY = PREEMPTED | {ExitCode.SUSPENDED}
@@ -117,6 +124,8 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.NOT_FOUND
     if isinstance(error, RestoreFailed):
         return ExitCode.RESTORE_FAILED
+    if isinstance(error, RollbackRefused):
+        return ExitCode.ROLLBACK_REFUSED
     if isinstance(error, CorruptSnapshot):
         return ExitCode.CORRUPT
     if isinstance(error, Fenced):
@@ -128,8 +137,9 @@ def exit_code_for(error: BaseException) -> ExitCode:
 
 def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -> CairnError | None:
     """The cairn error a step's exit ``code`` stands for: :class:`Preempted` for 75/76,
-    :class:`Suspended` for 77, :class:`Fenced` for 5, :class:`RestoreFailed` for 8 (which
-    an orchestrator fails without spending a retry); None for 0 and for every other code (the
+    :class:`Suspended` for 77, :class:`Fenced` for 5, :class:`RestoreFailed` for 8 and
+    :class:`RollbackRefused` for 9 (both of which an orchestrator fails without spending a
+    retry); None for 0 and for every other code (the
     step's own failure, or a usage, storage or host error: see :func:`describe_exit`)."""
     if code == ExitCode.SUSPENDED:
         return Suspended(f"{where} was suspended on request (exit {code}); its final snapshot "
@@ -147,6 +157,12 @@ def error_for_exit(code: int, *, key: object = None, where: str = "cairn run") -
     if code == ExitCode.RESTORE_FAILED:
         return RestoreFailed(f"{where} could not restore its snapshot (exit {code}): "
                              f"{MEANINGS[ExitCode.RESTORE_FAILED]} (its log names the cause)")
+    if code == ExitCode.ROLLBACK_REFUSED:
+        whose = f" of {key}" if key is not None else ""
+        return RollbackRefused(f"{where} refused to begin the try{whose} (exit {code}): "
+                               f"{MEANINGS[ExitCode.ROLLBACK_REFUSED]} (its log names both "
+                               "seqs and where the newer one was kept)",
+                               recorded=None, found=None)
     return None
 
 

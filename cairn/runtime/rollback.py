@@ -24,15 +24,17 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
 
-from cairn.exceptions import RollbackRefused
+from cairn.exceptions import RollbackRefused, RollbackRefusedExit
 from cairn.runtime.channel import write_json_atomic
 from cairn.runtime.env import ALLOW_ROLLBACK, COMMITTED_DIR
+from cairn.runtime.exits import ExitCode
 from cairn.store import Key, Store
 from cairn.store.url import canonical_url
 
@@ -246,3 +248,19 @@ def refuse_older(key: Key, seq: int | None, floor: int | None, mark: CommittedMa
                                 f"{then}: refusing to roll the work back",
                                 recorded=floor, found=seq)
         raise RollbackRefused(refusal(error, mark, flag=flag), recorded=floor, found=seq)
+
+
+@contextmanager
+def exits_when_refused(logger: logging.Logger) -> Iterator[None]:
+    """A :class:`RollbackRefused` raised in the block, logged at ERROR on ``logger`` and
+    raised as the :class:`RollbackRefusedExit` (exit 9) that a bare script lets propagate:
+    its orchestrator then tells a refusal, which every retry would repeat, from the step's
+    own failure."""
+    try:
+        yield
+    except RollbackRefusedExit:
+        raise
+    except RollbackRefused as e:
+        logger.error("%s (exit %d)", e, ExitCode.ROLLBACK_REFUSED)
+        raise RollbackRefusedExit(str(e), recorded=e.recorded, found=e.found,
+                                  code=ExitCode.ROLLBACK_REFUSED) from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from cairn.exceptions import Fenced, Preempted, RestoreFailed, Suspended
+from cairn.exceptions import Fenced, Preempted, RestoreFailed, RollbackRefused, Suspended
 from cairn.runtime.channel import Cause
 from cairn.runtime.exits import ExitCode
 from cairn.store.outcomes import OutcomeKind
@@ -83,6 +83,8 @@ def end_of_error(error: BaseException | None) -> TryEnd:
         return TryEnd(ending=Ending.FENCED)
     if isinstance(error, RestoreFailed):
         return TryEnd(ending=Ending.RESTORE_FAILED)
+    if isinstance(error, RollbackRefused):  # the try's own failure, with a code of its own
+        return TryEnd(ending=Ending.FAILED, code=ExitCode.ROLLBACK_REFUSED)
     return TryEnd(ending=Ending.FAILED)
 
 
@@ -129,7 +131,8 @@ def after_cause(end: TryEnd, cause: Cause | None) -> TryEnd:
 
 def try_exit_code(error: BaseException) -> int | None:
     """The code a step's container exits with when its loop ended with ``error`` (a
-    preemption, a suspension, a fence, a restore that failed on this side: the codes of
+    preemption, a suspension, a fence, a restore that failed on this side, a rollback
+    refused: the codes of
     :mod:`cairn.runtime.exits`), so that its orchestrator can tell them from the step's own
     errors; None for any other error (which exits as Python does)."""
     code = conclude(end_of_error(error)).exit_code

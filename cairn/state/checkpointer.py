@@ -241,9 +241,10 @@ class Checkpointer:
         if self._group.rank == 0:
             self._floor = rollback.oldest_allowed(self._mark, allowed=self.allow_rollback,
                                                   exclude=self.exclude_seqs)
-            self._attempt = rollback.open_attempt(
-                self.store, self.key, self._mark, floor=self._floor, note={"mode": "state"},
-                exclude=self.exclude_seqs)
+            with rollback.exits_when_refused(log):  # a script that lets it out exits 9
+                self._attempt = rollback.open_attempt(
+                    self.store, self.key, self._mark, floor=self._floor,
+                    note={"mode": "state"}, exclude=self.exclude_seqs)
             epoch = self._group.broadcast([self._attempt.epoch])[0]
         else:
             epoch = self._group.broadcast([0])[0]
@@ -313,7 +314,8 @@ class Checkpointer:
                 yield SnapshotInfo(self.key, parent.seq, parent.epoch, parent)
             for info in self.store.snapshots(self.key):
                 if (parent is None or info.seq < parent.seq) and info.seq not in self.exclude_seqs:
-                    rollback.refuse_older(self.key, info.seq, self._floor, self._mark)
+                    with rollback.exits_when_refused(log):
+                        rollback.refuse_older(self.key, info.seq, self._floor, self._mark)
                     yield info
             return
         snapshots = [i for i in self.store.snapshots(self.key) if i.seq not in self.exclude_seqs]
@@ -693,3 +695,4 @@ def _observed_mtbf(store: Store, key: Key) -> float | None:
     except ValueError:
         return None
     return span / (len(opens) - 1) if span > 0 else None
+

@@ -40,7 +40,8 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
 - the base container's exit code stands for the error :func:`cairn.runtime.exits.error_for_exit`
   gives (the codes: :mod:`cairn.runtime.exits`): a preemption raises
   :class:`cairn.exceptions.Preempted`, a fence :class:`cairn.exceptions.Fenced`, a restore that
-  failed on the pod's side ``AirflowFailException``, which spends no retry; a pod ended by the
+  failed on the pod's side (exit 8) or a rollback refused there (exit 9)
+  ``AirflowFailException``, which spends no retry; a pod ended by the
   node (shutdown, eviction, a ``DisruptionTarget`` condition) is a preemption too, while
   ``OOMKilled`` stays an error;
 - a suspension of the main container (on request, or the key was held suspended when the try
@@ -520,7 +521,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
                               delay=self.retry_delay)
             if mapped is None:
                 raise
-            refuse_restore_failure(mapped)  # exit 8: fails without a retry
+            refuse_restore_failure(mapped)  # exit 8 or 9: fails without a retry
             raise mapped from e
 
     def _record_outcome(self, remote_pod: Any) -> None:

@@ -28,7 +28,7 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client import models as k8s
 
-from cairn.exceptions import ConfigError, Fenced, Preempted, RestoreFailed
+from cairn.exceptions import ConfigError, Fenced, Preempted, RestoreFailed, RollbackRefused
 from cairn.policy import CapacityOption, PolicySettings
 from cairn.store import Key
 from cairn import open_store
@@ -487,14 +487,19 @@ def test_the_loop_guards_verdict_reaches_the_pod_as_excluded_seqs(kubeconfig: st
 
 
 @pytest.mark.parametrize("forget_plan", [False, True], ids=["built-here", "built-elsewhere"])
+@pytest.mark.parametrize(("code", "error", "says"), [
+    (8, RestoreFailed, "no snapshot was skipped"),
+    (9, RollbackRefused, "CAIRN_ALLOW_ROLLBACK=1"),  # a retry would refuse the same
+], ids=["restore-failed", "rollback-refused"])
 def test_a_pod_whose_restore_failed_on_its_side_fails_without_a_retry(
-        kubeconfig_for: Any, store_url: str, forget_plan: bool) -> None:
+        kubeconfig_for: Any, store_url: str, forget_plan: bool, code: int,
+        error: type[Exception], says: str) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    with pytest.raises(AirflowFailException, match="no snapshot was skipped") as raised:
-        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=8, reason="Error"),
+    with pytest.raises(AirflowFailException, match=says) as raised:
+        cleanup_after(kubeconfig_for, store_url, ended_pod(exit_code=code, reason="Error"),
                       forget_plan=forget_plan)
-    assert isinstance(raised.value.__cause__, RestoreFailed)
+    assert isinstance(raised.value.__cause__, error)
 
 
 def test_a_pod_that_fails_past_max_error_retries_stops_the_retries(

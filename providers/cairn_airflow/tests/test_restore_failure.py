@@ -104,6 +104,7 @@ def test_the_verdict_of_a_restore_failure_is_no_retry() -> None:
     from cairn.exceptions import RestoreFailed
     from cairn.policy.history import History
     from cairn.store import Key
+    from cairn_airflow.command import exit_error
     from cairn_airflow.resume import raise_verdict, refuse_restore_failure
 
     this_try = Try(store="/nowhere", key=Key(("d", "t", "r", "-1")), policy=ResumePolicy(),
@@ -113,3 +114,8 @@ def test_the_verdict_of_a_restore_failure_is_no_retry() -> None:
         raise_verdict(this_try, this_try.ended(error=error), error, delay=None)
     assert caught.value.__cause__ is error
     refuse_restore_failure(RuntimeError("the step's own error"))  # anything else: no verdict
+    # CairnRunOperator's view of `cairn run` refusing a rollback (exit 9): no retry either.
+    refused = exit_error(9, this_try.key)
+    with pytest.raises(AirflowFailException, match="refused to begin.*Not retrying"):
+        raise_verdict(this_try, this_try.ended(error=refused), refused, delay=None)
+    assert "exited with 2" in str(exit_error(2, this_try.key))  # bad input: Airflow's retry

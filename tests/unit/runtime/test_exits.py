@@ -18,6 +18,8 @@ from cairn.exceptions import (
     Preempted,
     RestoreFailed,
     RestoreFailedExit,
+    RollbackRefused,
+    RollbackRefusedExit,
     StoreError,
     Suspended,
 )
@@ -43,6 +45,9 @@ from cairn.runtime.session import try_exit_code
     (Suspended("x", code=ExitCode.SUSPENDED, seq=4), ExitCode.SUSPENDED),
     (RestoreFailed("x", seq=4), ExitCode.RESTORE_FAILED),
     (RestoreFailedExit("x", code=ExitCode.RESTORE_FAILED), ExitCode.RESTORE_FAILED),
+    (RollbackRefused("x", recorded=5, found=3), ExitCode.ROLLBACK_REFUSED),
+    (RollbackRefusedExit("x", recorded=5, found=None, code=ExitCode.ROLLBACK_REFUSED),
+     ExitCode.ROLLBACK_REFUSED),
 ])
 def test_each_error_has_its_code(error: BaseException, code: ExitCode) -> None:
     assert exit_code_for(error) is code
@@ -53,12 +58,14 @@ def test_only_preemptions_and_fences_get_a_try_exit_code() -> None:
     assert try_exit_code(Preempted("x")) == 76
     assert try_exit_code(Fenced("x")) == 5
     assert try_exit_code(RestoreFailed("x")) == 8
+    assert try_exit_code(RollbackRefused("x", recorded=5, found=3)) == 9
     assert try_exit_code(ValueError("x")) is None
 
 
 @pytest.mark.parametrize("error", [Preempted("x", seq=3), Preempted("x"), Fenced("x"),
                                    Suspended("x", code=ExitCode.SUSPENDED, seq=3),
-                                   RestoreFailed("x", seq=3)])
+                                   RestoreFailed("x", seq=3),
+                                   RollbackRefused("x", recorded=5, found=3)])
 def test_a_try_exit_code_maps_back_to_its_error(error: CairnError) -> None:
     code = try_exit_code(error)
     assert code is not None
@@ -87,6 +94,19 @@ def test_a_script_that_lets_restore_failed_exit_propagate_exits_8() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert proc.returncode == ExitCode.RESTORE_FAILED == 8
     assert "no snapshot was skipped" in str(error_for_exit(8, where="the pod"))
+
+
+def test_a_script_that_lets_a_rollback_refusal_propagate_exits_9() -> None:
+    script = ("from cairn.exceptions import RollbackRefusedExit\n"
+              "from cairn.runtime.exits import ExitCode\n"
+              "raise RollbackRefusedExit('refused', recorded=5, found=3, "
+              "code=ExitCode.ROLLBACK_REFUSED)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == ExitCode.ROLLBACK_REFUSED == 9 and proc.stderr == b""
+    error = error_for_exit(9, key="d/t/r", where="the pod")
+    assert isinstance(error, RollbackRefused) and error.recorded is None
+    assert "the pod refused to begin the try of d/t/r" in str(error)
+    assert "CAIRN_ALLOW_ROLLBACK=1" in str(error)
 
 
 def test_descriptions_name_the_fix() -> None:
