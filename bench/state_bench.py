@@ -180,8 +180,11 @@ from cairn import open_store
 
 KEY = Key.parse("bench/state/run")
 PAGE = mmap.PAGESIZE
+# resident_vs_torch_load_mmap: issue 39 item 5, the restore until every page is resident
+# (read only) against torch.load(mmap=True) with every page touched.
 TARGETS = {"stall_vs_memcpy": 1.5, "stall_vs_dcp_best": 1.0, "restore_vs_torch_load": 1.0,
-           "frozen90_vs_floor": 1.1, "amortized_slowdown": 1.10, "first_stall_vs_median": 2.0}
+           "resident_vs_torch_load_mmap": 1.0, "frozen90_vs_floor": 1.1,
+           "amortized_slowdown": 1.10, "first_stall_vs_median": 2.0}
 Parts = list[tuple[Any, str, str]]  # what a breakdown times: (owner, attribute, part)
 
 
@@ -1362,6 +1365,8 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
         "stall_vs_dcp_best": round(
             cairn["stall_median_s"] / summary[dcp_best]["stall_median_s"], 4),
         "restore_vs_torch_load": round(restore_med["cairn"] / restore_med[best_load], 4),
+        "resident_vs_torch_load_mmap": round(
+            resident_med["cairn"] / resident_med["torch_load_mmap"], 4),
         "frozen90_vs_floor": frozen["frozen90_vs_floor"],
         "amortized_slowdown": steps["amortized"]["amortized_slowdown"] if steps else None,
         "first_stall_vs_median": round(cairn["first_stall_s"] / cairn["stall_median_s"], 4),
@@ -1369,13 +1374,14 @@ def report(args: argparse.Namespace, raw: dict[str, Any], state_bytes: int,
     targets = {k: {"value": v, "target": TARGETS[k], "met": v is not None and v <= TARGETS[k]}
                for k, v in figures.items()}
     print()
-    print(f"{'target':<24} {'value':>8} {'<=':>6}  met")
+    print(f"{'target':<28} {'value':>8} {'<=':>6}  met")
     for k, t in targets.items():
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
-        print(f"{k:<24} {value:>8} {t['target']:>6.2f}  {'yes' if t['met'] else 'NO'}")
+        print(f"{k:<28} {value:>8} {t['target']:>6.2f}  {'yes' if t['met'] else 'NO'}")
     if first:
-        print(f"(not targets: restore + first real step against {best_first} "
-              f"{first_ratio:.3f}; resident against {best_resident} {resident_ratio:.3f})")
+        print(f"(not a target: restore + first real step against {best_first} "
+              f"{first_ratio:.3f}; resident against the faster load when resident, "
+              f"{best_resident}: {resident_ratio:.3f})")
     print()
     return {
         **figures,
