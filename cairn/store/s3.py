@@ -29,10 +29,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
@@ -80,6 +81,8 @@ _NETWORK = (bexc.EndpointConnectionError, bexc.ConnectionClosedError, bexc.Conne
 _TRANSIENT_CODES = {"500", "502", "503", "504", "SlowDown", "InternalError", "ServiceUnavailable",
                     "RequestTimeout", "Throttling", "ThrottlingException", "TooManyRequests",
                     "429"}
+#: Backoff of a retried 429 (botocore's standard mode's own: full jitter, 20 s at most).
+_THROTTLED_BASE_S, _THROTTLED_MAX_S = 0.5, 20.0
 _probed: dict[tuple[str, str], str | None] = {}
 _probe_lock = threading.Lock()
 
@@ -157,10 +160,15 @@ class S3Backend(Backend):
             raise ConfigError(f"no AWS region for {self.url}: set AWS_REGION (the bucket's "
                               "region) or a region in the AWS profile")
         try:
-            return session.client("s3", region_name=region, endpoint_url=self._endpoint,
-                                  config=config)
+            client = session.client("s3", region_name=region, endpoint_url=self._endpoint,
+                                    config=config)
         except (bexc.BotoCoreError, ValueError) as e:
             raise ConfigError(f"cannot make an S3 client for {self.url}: {e}") from e
+        if attempts > 1:
+            # Before botocore's own handler, which answers for everything else.
+            client.meta.events.register_first("needs-retry.s3",
+                                              retry_too_many_requests(max_attempts=attempts))
+        return client
 
     def _check_bucket(self) -> None:
         """The first contact: list one name, retrying transient failures with backoff for at
@@ -507,3 +515,27 @@ def _read_some(body: Any, buffer: memoryview) -> int:
     data = body.read(len(buffer))
     buffer[:len(data)] = data
     return len(data)
+
+
+def retry_too_many_requests(*, max_attempts: int) -> Callable[..., float | None]:
+    """A ``needs-retry`` handler that retries an HTTP 429 answer (S3-compatible servers and
+    proxies send it; S3 throttles with 503 ``SlowDown``). botocore's standard mode retries a
+    429 whose error code it does not know only in recent releases (1.44.18 does; 1.35.99, the
+    low end of cairn's supported range, failed the first 429: measured,
+    ``tests/integration/store/test_s3_specific.py``); with this handler first, every release
+    retries alike: full-jitter backoff, never shorter than the answer's ``Retry-After``, at
+    most ``max_attempts`` tries in all. Returns the delay in seconds, or None to let
+    botocore's handler decide."""
+
+    def needs_retry(attempts: int, response: Any = None, **_: Any) -> float | None:
+        http = response[0] if response is not None else None
+        if getattr(http, "status_code", None) != 429 or attempts >= max_attempts:
+            return None
+        delay = random.uniform(0, min(_THROTTLED_MAX_S, _THROTTLED_BASE_S * 2 ** attempts))
+        with contextlib.suppress(TypeError, ValueError):
+            delay = max(delay, min(_THROTTLED_MAX_S, float(http.headers.get("Retry-After"))))
+        log.debug("S3 answered 429 (attempt %d of %d): retrying in %.2f s", attempts,
+                  max_attempts, delay)
+        return delay
+
+    return needs_retry
