@@ -23,11 +23,18 @@ the files on the shared volume (:data:`~cairn.runtime.env.COMMITTED_DIR` =
   a commit may leave that seq unpublished, the ones before it are kept.
 
 The annotation is ``[{"store": URL, "key": KEY, "seq": N}, ...]``, compact JSON. Needs
-``get`` and ``patch`` on ``jobs`` (:func:`cairn.k8s.rbac.job_reader_rbac`). Not covered: a pod
-that no Job owns (a bare pod: its files stay where they are by default, and go with it), a
-JobSet restart (it recreates the Jobs, annotations and all). The files are the pod's group's
-(the directory is setgid, so marks are written 0660 there): a main container that runs as
-another user than the sidecar, in the pod's ``fsGroup``, shares them.
+``get`` and ``patch`` on ``jobs`` (:func:`cairn.k8s.rbac.job_reader_rbac`).
+
+A bare pod (no Job) keeps its files on the shared volume too, which protects a restart of its
+main container. With ``--owner-pod`` (``with_snapshot_sidecar(committed_in_pod=True)``, which
+the Airflow pod operator asks for) the same thread keeps the seqs in the pod's own annotation:
+its creator sets the annotation when it creates the pod (from what it kept of the earlier
+tries), and reads it back while and after the pod runs, to carry it to the next pod it
+creates; that needs ``get`` and ``patch`` on ``pods``
+(:func:`cairn.k8s.rbac.pod_annotator_rbac`). Not covered: a JobSet restart (it recreates the
+Jobs, annotations and all). The files are the pod's group's (the directory is setgid, so marks
+are written 0660 there): a main container that runs as another user than the sidecar, in the
+pod's ``fsGroup``, shares them.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cairn.exceptions import ConfigError
-from cairn.k8s.jobs import JobSettings, request_job
+from cairn.k8s.jobs import JobSettings, OwnerKind, request_job
 from cairn.runtime.env import COMMITTED_DIR
 from cairn.runtime.rollback import SHARED_MARK_FILE_MODE, local_mark
 
@@ -222,7 +229,7 @@ class JobAnnotation(threading.Thread):
         super().__init__(name=f"cairn-committed {settings.namespace}/{settings.name}",
                          daemon=True)
         self.settings, self.marks, self.poll_s = settings, marks, poll_s
-        self.job = f"Job {settings.namespace}/{settings.name}"
+        self.job = settings.describe
         self.source = f"the annotation {ANNOTATION} of {self.job}"
         self.seeded = threading.Event()
         self.known: Entries = {}  # seeded, read back from the Job, or in the directory
@@ -250,8 +257,8 @@ class JobAnnotation(threading.Thread):
             try:
                 job = request_job(self.settings)
             except (OSError, ValueError) as e:
-                log.warning("cannot read %s (%s): %s", self.source, _reason(e),
-                            _UNPROTECTED)
+                log.warning("cannot read %s (%s): %s", self.source,
+                            _reason(e, self.settings.kind), _unprotected(self.settings.kind))
                 return
             self._version = _version(job)
             kept = parse_entries(_annotation(job), where=self.source)
@@ -265,9 +272,10 @@ class JobAnnotation(threading.Thread):
                               self.marks.directory, e)
             if copied:  # one line, however many indexes the Job has
                 more = f" and {len(copied) - 5} more" if len(copied) > 5 else ""
-                log.warning("earlier pods of %s committed %s%s (kept in %s): a try here "
-                            "refuses to begin older", self.job, ", ".join(copied[:5]), more,
-                            ANNOTATION)
+                earlier = (f"earlier pods of {self.job}" if self.settings.kind is OwnerKind.JOB
+                           else f"earlier tries (as the creator of {self.job} recorded them)")
+                log.warning("%s committed %s%s (kept in %s): a try here refuses to begin "
+                            "older", earlier, ", ".join(copied[:5]), more, ANNOTATION)
             _merge(self.known, kept)
             self.published = dict(kept)
         finally:
@@ -287,7 +295,8 @@ class JobAnnotation(threading.Thread):
         except (OSError, ValueError) as e:
             if self._failures == 0:
                 log.warning("cannot keep the committed seqs in %s (%s): %s", self.source,
-                            _reason(e), _UNPROTECTED if _denied(e) else
+                            _reason(e, self.settings.kind),
+                            _unprotected(self.settings.kind) if _denied(e) else
                             "trying again")
             self._failures += 1
             self._retry_at = time.monotonic() + min(MAX_BACKOFF_S,
@@ -337,18 +346,22 @@ class JobAnnotation(threading.Thread):
                         self.source, timeout_s)
 
 
-_UNPROTECTED = ("only the file in this pod protects a restart of its main container; the "
-                "Job's next pod cannot tell whether snapshots were deleted behind its back")
+def _unprotected(kind: OwnerKind) -> str:
+    nxt = ("the Job's next pod cannot" if kind is OwnerKind.JOB
+           else "the next pod its creator makes for a retry cannot")
+    return (f"only the file in this pod protects a restart of its main container; {nxt} "
+            "tell whether snapshots were deleted behind its back")
 
 
 def _denied(error: BaseException) -> bool:
     return isinstance(error, urllib.error.HTTPError) and error.code in (401, 403)
 
 
-def _reason(error: BaseException) -> str:
+def _reason(error: BaseException, kind: OwnerKind) -> str:
     if isinstance(error, urllib.error.HTTPError):
-        hint = (": grant the pod's service account get and patch on jobs "
-                "(cairn.k8s.job_reader_rbac)" if _denied(error) else "")
+        grant = ("get and patch on jobs (cairn.k8s.job_reader_rbac)" if kind is OwnerKind.JOB
+                 else "get and patch on pods (cairn.k8s.pod_annotator_rbac)")
+        hint = f": grant the pod's service account {grant}" if _denied(error) else ""
         return f"the API server answered {error.code}{hint}"
     return str(error)
 

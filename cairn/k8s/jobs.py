@@ -15,6 +15,7 @@ the main container starts, merge-patched after commits).
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -38,9 +39,23 @@ ASK_POLL_S = 0.1  # how often the sidecar looks for the supervisor's ask (one st
 MERGE_PATCH = "application/merge-patch+json"
 
 
+class OwnerKind(enum.Enum):
+    """What keeps a pod's committed seqs (:mod:`cairn.k8s.committed`): its owner Job, which
+    outlives its pods, or the pod itself, for a bare pod whose creator carries the seqs to the
+    next pod it creates (the Airflow pod operator, through its task state store)."""
+
+    JOB = "Job"
+    POD = "Pod"
+
+    @property
+    def option(self) -> str:
+        return "--owner-job" if self is OwnerKind.JOB else "--owner-pod"
+
+
 @dataclass(frozen=True)
 class JobSettings:
-    """The pod's owner Job and how to reach the API server."""
+    """The pod's owner Job (or, ``kind`` POD, the pod itself) and how to reach the API
+    server."""
 
     namespace: str
     name: str
@@ -48,44 +63,56 @@ class JobSettings:
     token_file: str = os.path.join(SERVICE_ACCOUNT_DIR, "token")
     ca_file: str | None = os.path.join(SERVICE_ACCOUNT_DIR, "ca.crt")
     timeout_s: float = 5.0
+    kind: OwnerKind = OwnerKind.JOB
 
     def __post_init__(self) -> None:
         if not self.namespace or not self.name or "/" in self.name:
-            raise ConfigError(f"--owner-job {self.namespace}/{self.name}: give NAMESPACE/JOB "
-                              "(with_snapshot_sidecar sets it from the downward API)")
+            raise ConfigError(f"{self.kind.option} {self.namespace}/{self.name}: give "
+                              f"NAMESPACE/{self.kind.value.upper()} (with_snapshot_sidecar sets "
+                              "it from the downward API)")
         if not self.api_url.startswith(("http://", "https://")):
             raise ConfigError(f"Kubernetes API URL {self.api_url!r} must start with https:// "
                               "(or http://)")
 
+    @property
+    def describe(self) -> str:
+        """``Job NAMESPACE/NAME`` (or ``Pod ...``), for messages."""
+        return f"{self.kind.value} {self.namespace}/{self.name}"
+
     @classmethod
-    def parse(cls, owner: str, *, api_url: str | None, **kw: str) -> JobSettings:
-        """``NAMESPACE/JOB``; the API server from ``api_url`` or in-cluster
+    def parse(cls, owner: str, *, api_url: str | None, kind: OwnerKind = OwnerKind.JOB,
+              **kw: str) -> JobSettings:
+        """``NAMESPACE/NAME``; the API server from ``api_url`` or in-cluster
         (``KUBERNETES_SERVICE_HOST``/``_PORT``)."""
         namespace, _, name = owner.partition("/")
         if api_url is None:
             host = os.environ.get("KUBERNETES_SERVICE_HOST")
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             if not host:
-                raise ConfigError("--owner-job runs in a pod (KUBERNETES_SERVICE_HOST is "
+                raise ConfigError(f"{kind.option} runs in a pod (KUBERNETES_SERVICE_HOST is "
                                   "unset); elsewhere pass --kube-api URL")
             api_url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        return cls(namespace=namespace, name=name, api_url=api_url, **kw)  # type: ignore[arg-type]
+        return cls(namespace=namespace, name=name, api_url=api_url, kind=kind,
+                   **kw)  # type: ignore[arg-type]
 
 
 def job_url(settings: JobSettings) -> str:
-    return (f"{settings.api_url.rstrip('/')}/apis/batch/v1/namespaces/"
-            f"{urllib.parse.quote(settings.namespace, safe='')}/jobs/"
+    """The object's URL: the Job (``batch/v1``), or the pod (``v1``)."""
+    group, plural = (("apis/batch/v1", "jobs") if settings.kind is OwnerKind.JOB
+                     else ("api/v1", "pods"))
+    return (f"{settings.api_url.rstrip('/')}/{group}/namespaces/"
+            f"{urllib.parse.quote(settings.namespace, safe='')}/{plural}/"
             f"{urllib.parse.quote(settings.name, safe='')}")
 
 
 def request_job(settings: JobSettings, *, merge_patch: dict[str, Any] | None = None
                 ) -> dict[str, Any]:
-    """The Job as the API server answers ``GET`` (or, given ``merge_patch``, a ``PATCH`` with
-    that JSON merge patch, RFC 7386): the object after the request. One request, bounded by
-    ``settings.timeout_s``, with the service account's token (re-read each time: projected
-    tokens rotate). Raises :class:`urllib.error.HTTPError` for an answer that is not 2xx,
-    :class:`OSError` when the server cannot be reached, :class:`ValueError` for a body that
-    is not a JSON object."""
+    """The Job (or pod) as the API server answers ``GET`` (or, given ``merge_patch``, a
+    ``PATCH`` with that JSON merge patch, RFC 7386): the object after the request. One
+    request, bounded by ``settings.timeout_s``, with the service account's token (re-read each
+    time: projected tokens rotate). Raises :class:`urllib.error.HTTPError` for an answer that
+    is not 2xx, :class:`OSError` when the server cannot be reached, :class:`ValueError` for a
+    body that is not a JSON object."""
     context = None
     url = job_url(settings)
     if url.startswith("https://"):
@@ -103,7 +130,8 @@ def request_job(settings: JobSettings, *, merge_patch: dict[str, Any] | None = N
     with urllib.request.urlopen(request, timeout=settings.timeout_s, context=context) as r:
         doc = json.load(r)
     if not isinstance(doc, dict):
-        raise ValueError(f"the API server answered {type(doc).__name__}, not a Job")
+        raise ValueError(f"the API server answered {type(doc).__name__}, not a "
+                         f"{settings.kind.value}")
     return doc
 
 

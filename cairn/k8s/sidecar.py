@@ -14,10 +14,11 @@ With ``--upload`` it also commits the dumps the supervisor spools on that volume
 (:mod:`cairn.k8s.uploader`), and on SIGTERM keeps uploading until the spool is empty or its
 window (``--sigterm-window``) runs out.
 
-With :data:`~cairn.runtime.env.COMMITTED_DIR` set (a Job pod: the committed-seq files on the
-shared volume) it records the commits it uploads there, and with ``--owner-job`` too copies the
-seqs the Job's annotation keeps into it before ``/startedz`` answers 200, then keeps the
-annotation up with it (:mod:`cairn.k8s.committed`).
+With :data:`~cairn.runtime.env.COMMITTED_DIR` set (the committed-seq files on the shared
+volume) it records the commits it uploads there, and with ``--owner-job`` (or, a bare pod,
+``--owner-pod``) too copies the seqs the Job's (or the pod's own) annotation keeps into it
+before ``/startedz`` answers 200, then keeps the annotation up with it
+(:mod:`cairn.k8s.committed`).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ class SidecarSettings:
     sigterm_window_s: float = 30.0  # the deadline a SIGTERM notice carries (the pod's grace)
     upload: UploadSettings | None = None  # None: the supervisor writes to the store itself
     job: JobSettings | None = None  # the owner Job whose spec.suspend tells Kueue from a drain
+    # A bare pod itself (kind POD), whose annotation keeps the committed seqs for its creator.
+    pod: JobSettings | None = None
     # The committed-seq files the pod's containers share (None: the sidecar records none, and
-    # the owner Job's annotation does not keep them).
+    # no annotation keeps them).
     committed_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -63,6 +66,14 @@ class SidecarSettings:
                               "shared volume there (with_snapshot_sidecar does)")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port {self.port} is not a TCP port")
+        if self.job is not None and self.pod is not None:
+            raise ConfigError("a Job's pod keeps its committed seqs in the Job's annotation: "
+                              "give the owner Job or the pod, not both")
+
+    @property
+    def keeper(self) -> JobSettings | None:
+        """The object whose annotation keeps the committed seqs: the Job, or the bare pod."""
+        return self.job if self.job is not None else self.pod
 
     @property
     def notice_path(self) -> str:
@@ -94,8 +105,8 @@ class Sidecar:
                           if settings.job is not None else None)
         self.marks = (SharedMarks(settings.committed_dir)
                       if settings.committed_dir is not None else None)
-        self.annotation = (JobAnnotation(settings.job, self.marks)
-                           if settings.job is not None and self.marks is not None else None)
+        self.annotation = (JobAnnotation(settings.keeper, self.marks)
+                           if settings.keeper is not None and self.marks is not None else None)
         self.uploader = (Uploader(settings.upload, on_commit=self.marks.record_commit
                                   if self.marks is not None else None)
                          if settings.upload is not None else None)
@@ -146,7 +157,7 @@ class Sidecar:
 
     def started(self) -> tuple[bool, str]:
         """For the startup probe, which holds the main container back: done starting, and the
-        committed seqs copied from the Job's annotation (or that gave up)."""
+        committed seqs copied from the Job's (or pod's) annotation (or that gave up)."""
         if not self._started:
             return False, "starting"
         if self.annotation is not None and not self.annotation.seeded.is_set():
@@ -203,11 +214,10 @@ class Sidecar:
     def start(self) -> None:
         if self.marks is not None:
             self.marks.prepare()  # before the main container can start: the probe waits
-        elif self.settings.job is not None:
-            job = self.settings.job
-            log.warning("no committed-seq directory (%s): the annotation of Job %s/%s does not "
-                        "keep the committed seqs (with_snapshot_sidecar sets it in a Job pod)",
-                        COMMITTED_DIR, job.namespace, job.name)
+        elif self.settings.keeper is not None:
+            log.warning("no committed-seq directory (%s): the annotation of %s does not keep "
+                        "the committed seqs (with_snapshot_sidecar sets it)", COMMITTED_DIR,
+                        self.settings.keeper.describe)
         self._server = http.server.ThreadingHTTPServer((self.settings.host, self.settings.port),
                                                        self._handler())
         self._server.daemon_threads = True

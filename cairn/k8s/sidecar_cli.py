@@ -16,8 +16,10 @@ or --sigterm-window runs out. --watch-node-label needs a service account bound t
 with get on nodes, and NODE_NAME from the downward API; --owner-job a Role with get and patch
 on jobs (docs/kubernetes.md): with the committed-seq directory set in the environment (a Job
 pod), the sidecar copies the seqs the Job's annotation keeps into it before /startedz answers
-200, and keeps the annotation up with the commits recorded there. Exit codes: 0
-stopped by SIGTERM/SIGINT, 2 bad usage."""
+200, and keeps the annotation up with the commits recorded there. --owner-pod does the same
+with the pod's own annotation (a bare pod whose creator carries it to the next pod: the
+Airflow pod operator), and needs get and patch on pods. Exit codes: 0 stopped by
+SIGTERM/SIGINT, 2 bad usage."""
 
 
 def add_sidecar_parser(sub: Any) -> None:
@@ -52,6 +54,9 @@ def add_sidecar_parser(sub: Any) -> None:
                    help="answer the supervisor's SIGTERM with whether this Job is suspended "
                         "(Kueue eviction → suspended, else preempted), and keep the committed "
                         "seqs in its annotation; needs get and patch on jobs")
+    p.add_argument("--owner-pod", default=None, metavar="NAMESPACE/POD",
+                   help="keep the committed seqs in this pod's own annotation (a bare pod, "
+                        "not with --owner-job); needs get and patch on pods")
     p.add_argument("--upload", action="store_true",
                    help="commit the snapshots `cairn run --spool` hands over (process mode)")
     p.add_argument("--spool", default=None, metavar="DIR",
@@ -91,20 +96,26 @@ def _settings(args: argparse.Namespace) -> Any:
                                 store=args.upload_store, key=args.upload_key)
     elif args.spool or args.upload_store or args.upload_key:
         raise ConfigError("--spool, --store and --key go with --upload")
-    job = None
-    if args.owner_job:
-        from cairn.k8s.jobs import JobSettings
+    job = pod = None
+    if args.owner_job and args.owner_pod:
+        raise ConfigError("--owner-job and --owner-pod: give one (a Job's pods keep the seqs "
+                          "in the Job's annotation)")
+    if args.owner_job or args.owner_pod:
+        from cairn.k8s.jobs import JobSettings, OwnerKind
 
-        job = JobSettings.parse(args.owner_job, api_url=args.kube_api,
-                                **({"token_file": args.kube_token_file}
-                                   if args.kube_token_file else {}))
+        token = {"token_file": args.kube_token_file} if args.kube_token_file else {}
+        if args.owner_job:
+            job = JobSettings.parse(args.owner_job, api_url=args.kube_api, **token)
+        else:
+            pod = JobSettings.parse(args.owner_pod, api_url=args.kube_api,
+                                    kind=OwnerKind.POD, **token)
     from cairn.runtime.env import COMMITTED_DIR
 
     # Only where it is set (in a Job pod, to the shared volume): the default is this
     # container's own, which the main container never sees.
     committed_dir = os.environ.get(COMMITTED_DIR.name) or None
     return SidecarSettings(shared_dir=args.shared, port=args.port, host=args.host,
-                           metadata=metadata, node=node, job=job,
+                           metadata=metadata, node=node, job=job, pod=pod,
                            committed_dir=None if committed_dir is None
                            else os.path.expanduser(committed_dir),
                            sigterm_window_s=parse_duration(args.sigterm_window), upload=upload)

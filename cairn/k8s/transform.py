@@ -343,6 +343,7 @@ class _PodPlan:
     avoid_maintenance: bool
     secret_name: str | None
     secret_key: str
+    committed_in_pod: bool
 
 
 def _transform_pod(plan: _PodPlan, manifest: dict[str, Any], pod_key: str,
@@ -515,6 +516,19 @@ def _attach_sidecar(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any], 
                                                                         plan.metrics_port)
         _merge_env(main, committed_env)
         _merge_env(sidecar, committed_env)
+    elif plan.committed_in_pod:
+        # A bare pod whose creator carries its committed seqs to the next pod it makes (the
+        # Airflow pod operator): the pod's own annotation keeps them (needs pod_annotator_rbac).
+        own = [{"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.namespace"}}},
+               {"name": env.K8S_POD.name, "valueFrom": {"fieldRef": {
+                   "fieldPath": "metadata.name"}}}]
+        _prepend_env(sidecar, own)
+        sidecar["args"] += ["--owner-pod", f"$({NAMESPACE_ENV})/$({env.K8S_POD.name})"]
+        committed_env, sidecar["startupProbe"] = committed_seq_settings(SHARED_PATH,
+                                                                        plan.metrics_port)
+        _merge_env(main, committed_env)
+        _merge_env(sidecar, committed_env)
 
 
 # -- the transform -----------------------------------------------------------------------------
@@ -543,6 +557,7 @@ def with_snapshot_sidecar(
     secret_name: str | None = None,
     secret_key: str = SECRET_FILE_NAME,
     replicated_jobs: list[str] | tuple[str, ...] | None = None,
+    committed_in_pod: bool = False,
 ) -> Any:
     """A new pod whose ``container`` (default: the only one) runs under cairn.
 
@@ -569,6 +584,10 @@ def with_snapshot_sidecar(
     --from-file=cairn.secret=PATH``): mounted read-only into the main container (and the
     uploading sidecar), named by ``CAIRN_SECRET_FILE``; the secret never enters the pod spec
     (ADR 0025).
+    ``committed_in_pod`` (a Pod only): the sidecar keeps the committed seqs in the pod's own
+    annotation (``--owner-pod``, needs :func:`pod_annotator_rbac`), for a creator that carries
+    them to the next pod it makes (the Airflow pod operator; ADR 0049). A Job's pods keep them
+    in the Job's annotation without it.
     Raises :class:`ConfigError` naming the fix for bad input.
     """
     mode = coerce_option(PodMode, mode, "mode")
@@ -599,7 +618,8 @@ def with_snapshot_sidecar(
         staging_n=_size(staging_bytes, "staging_bytes"), staging=staging,
         sidecar_image=sidecar_image.strip(), metrics_port=metrics_port, on_gce=on_gce,
         watch_node_label=watch_node_label, image_pull_policy=image_pull_policy,
-        avoid_maintenance=avoid_maintenance, secret_name=secret_name, secret_key=secret_key)
+        avoid_maintenance=avoid_maintenance, secret_name=secret_name, secret_key=secret_key,
+        committed_in_pod=bool(committed_in_pod))
 
     def transform_pod(manifest: dict[str, Any], pod_key: str,
                       key_env: list[dict[str, Any]]) -> None:
@@ -613,6 +633,9 @@ def with_snapshot_sidecar(
                               "from their namespace, Job and completion index)")
         Key.parse(key)  # raises ConfigError with the key rules
         transform_pod(manifest, key, [])
+    elif committed_in_pod:
+        raise ConfigError(f"committed_in_pod=True is for a Pod: a {kind}'s pods keep their "
+                          "committed seqs in their Job's annotation without it")
     elif kind == "Job":
         check_api_version(manifest, JOB_API_VERSION)
         transform_job(manifest, key=key, what=f"Job {manifest_name(manifest)!r}",

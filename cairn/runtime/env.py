@@ -124,10 +124,16 @@ ALLOW_ROLLBACK = Var(
 COMMITTED_DIR = Var(
     "CAIRN_COMMITTED_DIR", "where a try records, per store and key, the newest snapshot seq it "
     "committed, outside the store (the rollback check of ADR 0049 on this machine)",
-    "the user; the pod transform in a Job pod (the shared volume)",
+    "the user; the pod transform in a Job pod, or a bare pod keeping its own (the shared "
+    "volume)",
     "`cairn run`, the Checkpointer, the sidecar", default="~/.cache/cairn/committed")
-K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a Job pod's namespace (downward API), for its key",
-                    "the pod transform (Jobs, JobSets)", "the key's `$(VAR)` expansion")
+K8S_NAMESPACE = Var("CAIRN_K8S_NAMESPACE", "a pod's namespace (downward API), for its key",
+                    "the pod transform (Jobs, JobSets; a bare pod that keeps its committed "
+                    "seqs)", "the key's `$(VAR)` expansion, the sidecar's `--owner-job` and "
+                    "`--owner-pod`")
+K8S_POD = Var("CAIRN_K8S_POD", "a bare pod's own name (downward API)",
+              "the pod transform (`committed_in_pod=True`: the Airflow pod operator)",
+              "the sidecar's `--owner-pod`")
 K8S_JOB = Var("CAIRN_K8S_JOB", "a Job pod's Job name (the `batch.kubernetes.io/job-name` "
               "label, downward API), for its key", "the pod transform (Jobs, JobSets)",
               "the key's `$(VAR)` expansion, the sidecar's `--owner-job`")
@@ -143,7 +149,7 @@ ALL: tuple[Var, ...] = (STORE, STORE_CONNECT_TIMEOUT, STORE_TRANSFERS, KEY, EVER
                         PLACEMENT_OPTION, PLACEMENT_REASON, PLACEMENT_OPTIONS, TRACK_ROOTS,
                         CUDA_LIBRARY, NVML_LIBRARY, GPU_MAP, SECRET_FILE, ALLOW_UNAUTHENTICATED_RESTORE,
                         ALLOW_ROLLBACK, COMMITTED_DIR,
-                        K8S_NAMESPACE, K8S_JOB, K8S_COMPLETION_INDEX, KFP_DRY_RUN)
+                        K8S_NAMESPACE, K8S_POD, K8S_JOB, K8S_COMPLETION_INDEX, KFP_DRY_RUN)
 BY_NAME: dict[str, Var] = {var.name: var for var in ALL}
 
 

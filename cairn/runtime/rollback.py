@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 
@@ -135,6 +135,15 @@ def _group_shared(directory: str) -> bool:
         return False
 
 
+class KeptSeq(Protocol):
+    """Where a seq is read from to be kept elsewhere: a :class:`CommittedMark`, or what an
+    integration reads in its orchestrator's place (a pod's annotation)."""
+
+    def read(self) -> int | None: ...
+
+    def entry(self, seq: int) -> dict[str, Any]: ...
+
+
 class MarkMirror(threading.Thread):
     """Publishes the newest seq ``mark`` records to an orchestrator's place (``publish(entry)``
     with :meth:`CommittedMark.entry`), polling the file every ``poll_s``: the commit path never
@@ -142,7 +151,7 @@ class MarkMirror(threading.Thread):
     logged once and tried again at the next poll; the newest seq wins. Only this thread
     calls ``publish`` until :meth:`stop` returns."""
 
-    def __init__(self, mark: CommittedMark, publish: Callable[[dict[str, Any]], None], *,
+    def __init__(self, mark: KeptSeq, publish: Callable[[dict[str, Any]], None], *,
                  published: int | None = None, poll_s: float = 1.0) -> None:
         super().__init__(name="cairn-mark-mirror", daemon=True)
         self.mark = mark

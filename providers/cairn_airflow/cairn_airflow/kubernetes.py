@@ -49,6 +49,11 @@ Contract of one try (the pod-building path, ``build_pod_request_obj``):
   of failing (no retry used; see :mod:`cairn_airflow.suspend`, ``resume_after`` and
   ``resume_poll``): no pod exists while it waits; once resumed, a new pod is built on a
   worker and resumes from the suspend snapshot;
+- rollback refused across pods (ADR 0049): the committed seq the task state store keeps is the
+  new pod's annotation ``cairn.dev/committed-seqs``, which its sidecar seeds the pod's files
+  from and keeps up (``committed_in_pod=True``: the pods' service account needs
+  :func:`cairn.k8s.pod_annotator_rbac`); the worker reads it back while the pod runs and
+  after it ended, and keeps the newest in the task state store;
 - the resume policy (``resume_on``, ``max_error_retries``, ``loop_guard``,
   ``max_preemptions``; see :mod:`cairn_airflow.resume`) reads the step's history on the
   worker before the pod is built: the snapshots it rules out reach the pod as
@@ -74,6 +79,7 @@ from airflow.policies import hookimpl
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
 from cairn.exceptions import ConfigError
+from cairn_airflow import committed
 from cairn_airflow.hooks import (
     DEFAULT_CONN_ID,
     SerializesCairnConnection,
@@ -211,6 +217,7 @@ class PodPlan:
     placement: Any = None  # cairn.policy.Placement
     image: str | None = None  # the pinned image, when a previous try recorded its digest
     resume: Any = None  # cairn.Try: this try's plan (None on a dry run without a task instance)
+    committed_seq: int | None = None  # what the task state store keeps (ADR 0049)
 
 
 class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
@@ -295,6 +302,7 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
                               "them (use its own arguments)")
         self._cairn_context: Any = None
         self.cairn_plan: PodPlan | None = None
+        self._committed_mirror: Any = None  # rollback.MarkMirror of the running pod
 
     # -- one try's plan ---------------------------------------------------------------------
 
@@ -382,7 +390,9 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
         if resume is not None:
             refuse_if_given_up(resume)
         return PodPlan(store=store, key=key, every=every, placement=placement,
-                       image=self._pinned_image(context), resume=resume)
+                       image=self._pinned_image(context), resume=resume,
+                       committed_seq=None if context is None
+                       else committed.kept_seq(context, store.url, key))
 
     def cairn_mutation(self, plan: PodPlan) -> Callable[[Any], None]:
         """The in-place change cairn makes to the built pod (before the administrator's hook)."""
@@ -425,7 +435,15 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
                 every=plan.every, final_snapshot_s=self.final_snapshot_s,
                 grace_cap_s=self.grace_cap_s, state_bytes=self.state_bytes,
                 gpu_memory_bytes=self.gpu_memory_bytes, staging_bytes=self.staging_bytes,
-                staging=self.staging, avoid_maintenance=avoid, **self.transform_options)
+                staging=self.staging, avoid_maintenance=avoid, committed_in_pod=True,
+                **self.transform_options)
+            if plan.committed_seq is not None:
+                # The sidecar copies it into the pod's files before the main container starts.
+                from cairn.k8s import COMMITTED_SEQS_ANNOTATION
+
+                out.setdefault("metadata", {}).setdefault("annotations", {})[
+                    COMMITTED_SEQS_ANNOTATION] = committed.seed_for_pod(
+                        plan.store.url, plan.key, plan.committed_seq)
             done = to_v1pod(out)
             pod.metadata, pod.spec = done.metadata, done.spec
 
@@ -466,6 +484,48 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
             self.record_image_digest(self._cairn_context, self.pod_manager.read_pod(pod))
         except Exception as e:  # noqa: BLE001 - pinning is best effort; the try goes on
             log.warning("cairn: could not record the image digest: %s", e)
+        self._watch_committed(pod)
+
+    def _watch_committed(self, pod: Any) -> None:
+        """Keep what the pod's annotation records in the task state store while it runs."""
+        from cairn.runtime.rollback import MarkMirror
+
+        context, plan = self._cairn_context, self.cairn_plan
+        accessor = context.get("task_state_store") if context is not None else None
+        if accessor is None or plan is None:
+            return
+        kept = committed.PodKeptSeq(lambda: self.pod_manager.read_pod(pod), plan.store.url,
+                                    plan.key)
+        mirror = MarkMirror(kept, lambda entry: accessor.set(committed.TASK_STATE_KEY, entry),
+                            published=plan.committed_seq, poll_s=committed.POD_POLL_S)
+        if committed.comms_take_threads():
+            mirror.start()
+        self._committed_mirror = mirror
+
+    def _keep_committed(self, context: Any, remote_pod: Any) -> None:
+        """Once the pod has ended: the newest seq its annotation keeps, in the task state
+        store (after the sidecar's last publish; ADR 0049)."""
+        accessor = context.get("task_state_store") if context is not None else None
+        mirror, self._committed_mirror = self._committed_mirror, None
+        if mirror is not None and mirror.is_alive():
+            mirror.stop()
+        if accessor is None:
+            return
+        plan = self.cairn_plan
+        url = plan.store.url if plan is not None else self.store_config().url
+        key = plan.key if plan is not None else task_key(context)
+        kept = committed.PodKeptSeq(lambda: self.pod_manager.read_pod(remote_pod), url, key)
+        try:
+            seq = committed.final_seq_from_pod(kept, remote_pod)
+            published = mirror.published if mirror is not None else (
+                plan.committed_seq if plan is not None else None)
+            if seq is not None and (published is None or seq > published):
+                accessor.set(committed.TASK_STATE_KEY, kept.entry(seq))
+                log.info("cairn: kept committed seq %d of %s in %s", seq, key, committed.SOURCE)
+        except Exception as e:  # noqa: BLE001 - the try's result stands; say what is lost
+            log.warning("cairn: could not keep the pod's committed seq in %s (%s): the next "
+                        "pod cannot tell whether its snapshots were deleted", committed.SOURCE,
+                        e)
 
     def record_image_digest(self, context: Any, remote_pod: Any) -> str | None:
         """Keep the first pod's image digest for later tries (a no-op once one is kept)."""
@@ -487,6 +547,9 @@ class CairnKubernetesPodOperator(SuspendDeferral, SerializesCairnConnection,
                 context: Any = None) -> None:
         """Airflow's cleanup; a failure that cairn's exit codes or the pod status explain is
         raised as :class:`Preempted`, :class:`Fenced` or ``AirflowFailException`` instead."""
+        if remote_pod is not None:
+            self._keep_committed(context if context is not None else self._cairn_context,
+                                 remote_pod)
         if remote_pod is not None and self.cairn_plan is not None:
             self._record_outcome(remote_pod)
         from airflow.providers.common.compat.sdk import AirflowException

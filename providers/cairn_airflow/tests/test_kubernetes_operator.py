@@ -486,6 +486,63 @@ def test_the_loop_guards_verdict_reaches_the_pod_as_excluded_seqs(kubeconfig: st
     assert "CAIRN_EXCLUDE_SEQS" not in {e["name"] for e in container(doc, "base").get("env", [])}
 
 
+def _committed_pod(seq: int, *, sidecar_running: bool, url: str, key: str) -> k8s.V1Pod:
+    """The operator's ended pod whose annotation keeps ``seq`` (as its sidecar patches it),
+    its sidecar still running or ended."""
+    from cairn.k8s import COMMITTED_SEQS_ANNOTATION, SIDECAR_NAME, render_committed_seqs
+
+    pod = ended_pod(exit_code=0, reason="Completed")
+    pod.status.phase = "Succeeded"
+    pod.metadata = k8s.V1ObjectMeta(
+        name="train-abc", namespace="training", labels={},
+        annotations={COMMITTED_SEQS_ANNOTATION: render_committed_seqs({(url, key): seq})})
+    state = (k8s.V1ContainerState(running=k8s.V1ContainerStateRunning()) if sidecar_running
+             else k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=0)))
+    pod.status.init_container_statuses = [k8s.V1ContainerStatus(
+        name=SIDECAR_NAME, image="s", image_id="", ready=True, restart_count=0, state=state)]
+    return pod
+
+
+def test_the_committed_seq_goes_from_the_task_state_store_to_the_next_pod_and_back(
+        kubeconfig_for: Any, store_url: str) -> None:
+    """Rollback refused across the operator's pods (ADR 0049): the seq an earlier try kept
+    in the task state store is the new pod's annotation, which its sidecar copies into the
+    pod's files (``--owner-pod``); once the pod has ended, the seq its sidecar last patched
+    there is kept in the task state store, read after the sidecar has ended. The API server
+    is a FAKE (none can run here)."""
+    from cairn.k8s import COMMITTED_SEQS_ANNOTATION, SIDECAR_NAME, render_committed_seqs
+    from cairn.runtime.rollback import local_mark
+    from cairn_airflow.committed import TASK_STATE_KEY
+
+    state = FakeTaskStateStore()
+    probe = make_operator(kubeconfig_for("http://127.0.0.1:9"), store_url)
+    key = str(task_key(context_for(probe)))
+    url = local_mark(store_url, key).store_url  # the canonical form every side files under
+    state.values[TASK_STATE_KEY] = {"store": url, "key": key, "seq": 7}
+    # The pod as the worker last saw it (sidecar still publishing), and as the API serves it
+    # once the sidecar has patched the final snapshot's seq and ended.
+    seen = _committed_pod(12, sidecar_running=True, url=url, key=key)
+    final = _committed_pod(13, sidecar_running=False, url=url, key=key)
+    api = FakeKubernetesApi({"apiVersion": "v1", "kind": "Pod", **manifest(final)})
+    try:
+        op = make_operator(kubeconfig_for(api.url), store_url)
+        context = context_for(op, state=state)
+        doc = manifest(op.build_pod_request_obj(context))
+        assert doc["metadata"]["annotations"][COMMITTED_SEQS_ANNOTATION] == \
+            render_committed_seqs({(url, key): 7})
+        assert "--owner-pod" in container(doc, SIDECAR_NAME)["args"]
+        op.cleanup(pod=seen, remote_pod=seen, context=context)
+    finally:
+        api.close()
+    assert state.values[TASK_STATE_KEY] == {"store": url, "key": key, "seq": 13}
+    assert ("GET", "/api/v1/namespaces/training/pods/train-abc") in api.requests
+
+    # A first try: nothing kept, no annotation to seed.
+    fresh = make_operator(kubeconfig_for("http://127.0.0.1:9"), store_url)
+    doc = manifest(fresh.build_pod_request_obj(context_for(fresh)))
+    assert COMMITTED_SEQS_ANNOTATION not in (doc["metadata"].get("annotations") or {})
+
+
 @pytest.mark.parametrize("forget_plan", [False, True], ids=["built-here", "built-elsewhere"])
 @pytest.mark.parametrize(("code", "error", "says"), [
     (8, RestoreFailed, "no snapshot was skipped"),

@@ -105,13 +105,20 @@ class FakeKubernetesAPI:
     ``metadata.annotations`` only (422 for anything else, which cairn never patches), with the
     API server's optimistic concurrency: a ``metadata.resourceVersion`` in the patch that is
     not the Job's current one is a 409 Conflict; each change bumps the version. A Job ``GET``
-    waits while ``reads_open`` is clear (a slow API server)."""
+    waits while ``reads_open`` is clear (a slow API server).
+
+    Pods (``/api/v1/namespaces/{ns}/pods/{name}``: a bare pod that keeps its own annotation)
+    are served alike from ``pods``, ``pod_annotations`` and ``pod_versions``; ``"pods"`` and
+    ``"pods/patch"`` in ``forbidden`` deny them."""
 
     token: str = "fake-token"
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     jobs: dict[tuple[str, str], bool] = field(default_factory=dict)
     annotations: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    pods: set[tuple[str, str]] = field(default_factory=set)
+    pod_annotations: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    pod_versions: dict[tuple[str, str], int] = field(default_factory=dict)
     forbidden: set[str] = field(default_factory=set)
     requests: list[Request] = field(default_factory=list)
     reads_open: threading.Event = field(default_factory=threading.Event)
@@ -129,9 +136,42 @@ class FakeKubernetesAPI:
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
                 "spec": {"suspend": self.jobs[(ns, name)], "completionMode": "Indexed"}}
 
+    def pod_document(self, ns: str, name: str) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "namespace": ns,
+                                    "resourceVersion": str(self.pod_versions.get((ns, name), 1))}
+        if self.pod_annotations.get((ns, name)):
+            metadata["annotations"] = dict(self.pod_annotations[(ns, name)])
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {}}
+
     def touch(self, ns: str, name: str) -> None:
         """Another writer changed the Job (its status, another pod's patch): a new version."""
         self.versions[(ns, name)] = self.versions.get((ns, name), 1) + 1
+
+    def _object(self, path: str) -> tuple[str, str, str] | None:
+        """``("jobs" | "pods", namespace, name)`` of an object's path, else None."""
+        found = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/(jobs)/([^/]+)", path) or \
+            re.fullmatch(r"/api/v1/namespaces/([^/]+)/(pods)/([^/]+)", path)
+        if found is None:
+            return None
+        ns, plural, name = found.groups()
+        return plural, urllib.parse.unquote(ns), urllib.parse.unquote(name)
+
+    def _store(self, plural: str) -> tuple[Any, dict[tuple[str, str], dict[str, str]],
+                                          dict[tuple[str, str], int]]:
+        if plural == "jobs":
+            return self.jobs, self.annotations, self.versions
+        return self.pods, self.pod_annotations, self.pod_versions
+
+    def _document(self, plural: str, ns: str, name: str) -> dict[str, Any]:
+        return (self.job_document if plural == "jobs" else self.pod_document)(ns, name)
+
+    @staticmethod
+    def _forbidden_answer(plural: str, verb: str) -> tuple[int, str, str]:
+        group = "jobs.batch" if plural == "jobs" else "pods"
+        return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
+                                "message": f'{group} is forbidden: User "system:'
+                                f'serviceaccount:ml:default" cannot {verb} resource '
+                                f'"{plural}"'}), ""
 
     def patches(self) -> list[Request]:
         return [r for r in list(self.requests) if r.method == "PATCH"]
@@ -150,18 +190,17 @@ class FakeKubernetesAPI:
         denied = self._auth(headers)
         if denied is not None:
             return denied
-        job = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
-        if job is None:
+        found = self._object(path)
+        if found is None:
             return 405, json.dumps({"kind": "Status", "code": 405}), ""
-        if {"jobs", "jobs/patch"} & self.forbidden:
-            return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
-                                    "message": 'jobs.batch is forbidden: User "system:'
-                                    'serviceaccount:ml:default" cannot patch resource "jobs"'}), ""
+        plural, ns, name = found
+        if {plural, f"{plural}/patch"} & self.forbidden:
+            return self._forbidden_answer(plural, "patch")
         if headers.get("content-type") != "application/merge-patch+json":
             return 415, json.dumps({"kind": "Status", "code": 415,
                                     "reason": "UnsupportedMediaType"}), ""
-        ns, name = (urllib.parse.unquote(g) for g in job.groups())
-        if (ns, name) not in self.jobs:
+        objects, all_annotations, versions = self._store(plural)
+        if (ns, name) not in objects:
             return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
         try:
             patch = json.loads(body)
@@ -173,17 +212,17 @@ class FakeKubernetesAPI:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             return 422, json.dumps({"kind": "Status", "code": 422, "message": str(e)}), ""
         with self._lock:  # one change at a time, as etcd's compare-and-swap
-            current = str(self.versions.get((ns, name), 1))
+            current = str(versions.get((ns, name), 1))
             if "resourceVersion" in metadata and metadata["resourceVersion"] != current:
                 return 409, json.dumps({"kind": "Status", "code": 409, "reason": "Conflict"}), ""
-            annotations = self.annotations.setdefault((ns, name), {})
+            annotations = all_annotations.setdefault((ns, name), {})
             for key, value in changes.items():  # RFC 7386: null removes, a string replaces
                 if value is None:
                     annotations.pop(key, None)
                 else:
                     annotations[key] = value
-            self.touch(ns, name)
-            return 200, json.dumps(self.job_document(ns, name)), ""
+            versions[(ns, name)] = versions.get((ns, name), 1) + 1
+            return 200, json.dumps(self._document(plural, ns, name)), ""
 
     def label(self, node: str, key: str, value: str | None) -> None:
         labels = self.nodes.setdefault(node, {})
@@ -197,17 +236,15 @@ class FakeKubernetesAPI:
         denied = self._auth(headers)
         if denied is not None:
             return denied
-        job = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
-        if job is not None:
+        found = self._object(path)
+        if found is not None:
+            plural, ns, name = found
             self.reads_open.wait(60)
-            if "jobs" in self.forbidden:
-                return 403, json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
-                                        "message": 'jobs.batch is forbidden: User "system:'
-                                        'serviceaccount:ml:default" cannot get resource "jobs"'}), ""
-            ns, name = (urllib.parse.unquote(g) for g in job.groups())
-            if (ns, name) not in self.jobs:
+            if plural in self.forbidden:
+                return self._forbidden_answer(plural, "get")
+            if (ns, name) not in self._store(plural)[0]:
                 return 404, json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}), ""
-            return 200, json.dumps(self.job_document(ns, name)), ""
+            return 200, json.dumps(self._document(plural, ns, name)), ""
         prefix = "/api/v1/nodes/"
         name = urllib.parse.unquote(path[len(prefix):]) if path.startswith(prefix) else ""
         if name not in self.nodes:

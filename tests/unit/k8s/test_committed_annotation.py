@@ -31,7 +31,7 @@ from cairn.k8s.committed import (
     parse_entries,
     render,
 )
-from cairn.k8s.jobs import MERGE_PATCH, JobSettings
+from cairn.k8s.jobs import MERGE_PATCH, JobSettings, OwnerKind
 from cairn.k8s.sidecar import Sidecar, SidecarSettings
 from cairn.runtime import rollback
 from cairn.store import Key
@@ -168,6 +168,72 @@ def test_a_commit_recorded_in_the_directory_is_patched_into_the_annotation(
         assert _get(sidecar, "/readyz")[0] == 200
     finally:
         sidecar.stop()
+
+
+def test_a_bare_pod_keeps_its_committed_seqs_in_its_own_annotation(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``--owner-pod``: the annotation its creator set on the pod is seeded before
+    ``/startedz`` answers, and a commit is patched into the pod's own annotation, where the
+    creator reads it back (the Airflow pod operator carries it to the next pod)."""
+    fake = FakeKubernetesAPI()
+    pod = ("ml", "train-x7k2p")
+    fake.pods.add(pod)
+    fake.pod_annotations[pod] = {ANNOTATION: render({(STORE, "ml/train/0"): 7})}
+    token = tmp_path / "token"
+    token.write_text(fake.token)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    with serve(fake):
+        own = JobSettings(namespace="ml", name="train-x7k2p", api_url=fake.url,
+                          token_file=str(token), timeout_s=10, kind=OwnerKind.POD)
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        sidecar = Sidecar(SidecarSettings(shared_dir=str(shared), port=0, host="127.0.0.1",
+                                          metadata=None, pod=own,
+                                          committed_dir=str(shared / "committed")))
+        assert sidecar.annotation is not None and sidecar.responder is None  # no Job to ask
+        sidecar.annotation.poll_s = 0.05
+        sidecar.start()
+        try:
+            wait_for(lambda: _started(sidecar), 10, "/startedz to answer 200")
+            mark = _mark(sidecar, "ml/train/0")
+            assert mark.read() == 7
+            assert "the annotation cairn.dev/committed-seqs of Pod ml/train-x7k2p" in mark.where()
+            assert "earlier tries (as the creator of Pod ml/train-x7k2p recorded them) " \
+                "committed ml/train/0 seq 7" in caplog.text
+            assert mark.record(9)
+            wait_for(lambda: parse_entries(fake.pod_annotations[pod].get(ANNOTATION), where="")
+                     == {(STORE, "ml/train/0"): 9}, 10, "the PATCH of the pod")
+        finally:
+            sidecar.stop()
+    (patch,) = fake.patches()
+    assert patch.path == "/api/v1/namespaces/ml/pods/train-x7k2p"
+    assert [r.path for r in fake.requests if r.method == "GET"] == [patch.path]
+    assert fake.annotations == {}  # no Job was touched
+
+
+def test_a_pod_without_the_grant_says_which_role_to_bind(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeKubernetesAPI()
+    fake.pods.add(("ml", "p"))
+    fake.forbidden.add("pods")
+    token = tmp_path / "token"
+    token.write_text(fake.token)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    with serve(fake):
+        own = JobSettings(namespace="ml", name="p", api_url=fake.url, token_file=str(token),
+                          timeout_s=10, kind=OwnerKind.POD)
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        sidecar = Sidecar(SidecarSettings(shared_dir=str(shared), port=0, host="127.0.0.1",
+                                          metadata=None, pod=own,
+                                          committed_dir=str(shared / "committed")))
+        sidecar.start()
+        try:
+            wait_for(lambda: _started(sidecar), 10, "/startedz to answer 200 all the same")
+        finally:
+            sidecar.stop()
+    assert "get and patch on pods (cairn.k8s.pod_annotator_rbac)" in caplog.text
+    assert "the next pod its creator makes for a retry cannot tell" in caplog.text
 
 
 def test_the_last_commit_is_published_when_the_sidecar_stops(

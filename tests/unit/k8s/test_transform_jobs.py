@@ -83,6 +83,8 @@ def _expand(container: dict[str, Any], pod_meta: dict[str, Any]) -> tuple[list[s
         m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
         if path == "metadata.namespace":
             values[e["name"]] = pod_meta["namespace"]
+        elif path == "metadata.name":
+            values[e["name"]] = pod_meta["name"]
         elif path == "spec.nodeName":
             values[e["name"]] = "node-a"
         else:
@@ -316,6 +318,54 @@ def test_a_pod_no_job_owns_keeps_its_files_where_they_were() -> None:
     assert "startupProbe" not in sidecar and "--owner-job" not in sidecar["args"]
     assert COMMITTED_DIR.name not in {e["name"] for c in (main, sidecar)
                                       for e in c.get("env") or []}
+
+
+@pytest.mark.parametrize("mode", ["process", "state"])
+def test_a_bare_pod_keeps_its_committed_seqs_in_its_own_annotation_when_asked(
+        mode: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``committed_in_pod=True`` (the Airflow pod operator's pods, ADR 0049): the files on the
+    shared volume, the sidecar keeping them in its own pod's annotation (``--owner-pod``, the
+    pod's namespace and name from the downward API) and holding the main container back
+    until it has copied them from there."""
+    import argparse
+
+    from cairn.cli.main import build_parser
+    from cairn.k8s import pod_annotator_rbac
+    from cairn.k8s.jobs import OwnerKind
+    from cairn.k8s.sidecar_cli import _settings
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": _template()["spec"]}
+    out = with_snapshot_sidecar(pod, key="team/run-1", committed_in_pod=True,
+                                **_options(mode))
+    for version in VERSIONS:
+        kubernetes_validate.validate(out, version, strict=True)
+    main, sidecar = _containers(out["spec"], "train")
+    meta = {"namespace": "ml", "name": "train-x7k2p", "labels": {}, "annotations": {}}
+    for container in (main, sidecar):
+        assert _expand(container, meta)[1][COMMITTED_DIR.name] == f"{SHARED_PATH}/committed"
+    assert sidecar["startupProbe"]["httpGet"] == {"path": STARTED_PATH, "port": METRICS_PORT}
+    argv, sidecar_env = _expand(sidecar, meta)
+    args = build_parser().parse_args(argv[1:])
+    assert (args.owner_pod, args.owner_job) == ("ml/train-x7k2p", None)
+    monkeypatch.setenv(COMMITTED_DIR.name, sidecar_env[COMMITTED_DIR.name])
+    settings = _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path),
+                                               "kube_api": "https://10.0.0.1"}))
+    assert settings.job is None and settings.keeper is settings.pod
+    assert (settings.pod.kind, settings.pod.describe) == (OwnerKind.POD, "Pod ml/train-x7k2p")
+    with pytest.raises(ConfigError, match="--owner-job and --owner-pod: give one"):
+        _settings(argparse.Namespace(**{**vars(args), "shared": str(tmp_path),
+                                        "kube_api": "https://10.0.0.1",
+                                        "owner_job": "ml/train"}))
+    # The grant it needs, valid as a manifest.
+    role, binding = pod_annotator_rbac(service_account="trainer", namespace="ml")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "patch"]}]
+    for doc in (role, binding):
+        kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+    # A Job's pods keep them in the Job's annotation: the option is refused there.
+    with pytest.raises(ConfigError, match="committed_in_pod=True is for a Pod"):
+        with_snapshot_sidecar(_job(), committed_in_pod=True, **_options(mode))
 
 
 def test_a_job_whose_container_keeps_its_marks_elsewhere_is_refused() -> None:
