@@ -509,26 +509,24 @@ def _attach_sidecar(plan: _PodPlan, spec: dict[str, Any], main: dict[str, Any], 
         _prepend_env(main, key_env)
         _prepend_env(sidecar, key_env)
         # A suspended Job's try ends suspended, in both modes, and the Job's annotation keeps
-        # the committed seqs across its pods (needs job_reader_rbac): the files on the shared
-        # volume, and the main container held back until the sidecar has seeded them.
+        # the committed seqs across its pods (needs job_reader_rbac).
         sidecar["args"] += ["--owner-job", f"$({NAMESPACE_ENV})/$({JOB_ENV})"]
-        committed_env, sidecar["startupProbe"] = committed_seq_settings(SHARED_PATH,
-                                                                        plan.metrics_port)
-        _merge_env(main, committed_env)
-        _merge_env(sidecar, committed_env)
     elif plan.committed_in_pod:
         # A bare pod whose creator carries its committed seqs to the next pod it makes (the
         # Airflow pod operator): the pod's own annotation keeps them (needs pod_annotator_rbac).
-        own = [{"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {
-                    "fieldPath": "metadata.namespace"}}},
-               {"name": env.K8S_POD.name, "valueFrom": {"fieldRef": {
-                   "fieldPath": "metadata.name"}}}]
-        _prepend_env(sidecar, own)
+        _prepend_env(sidecar, [
+            {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+            for name, path in ((NAMESPACE_ENV, "metadata.namespace"),
+                               (env.K8S_POD.name, "metadata.name"))])
         sidecar["args"] += ["--owner-pod", f"$({NAMESPACE_ENV})/$({env.K8S_POD.name})"]
-        committed_env, sidecar["startupProbe"] = committed_seq_settings(SHARED_PATH,
-                                                                        plan.metrics_port)
-        _merge_env(main, committed_env)
-        _merge_env(sidecar, committed_env)
+    else:
+        return
+    # The files on the shared volume, and the main container held back until the sidecar has
+    # seeded them from the annotation.
+    committed_env, sidecar["startupProbe"] = committed_seq_settings(SHARED_PATH,
+                                                                    plan.metrics_port)
+    _merge_env(main, committed_env)
+    _merge_env(sidecar, committed_env)
 
 
 # -- the transform -----------------------------------------------------------------------------
