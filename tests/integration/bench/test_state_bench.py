@@ -59,9 +59,11 @@ def test_each_target_is_against_the_best_peer(run: tuple[dict[str, Any], str, Pa
     assert summary["restore_vs_torch_load"] == max(summary["restore_vs_torch_load_plain"],
                                                    summary["restore_vs_torch_load_mmap"])
     # Issue 39 item 5: until resident, against the mapped load (not the faster of the two).
+    # The medians in the JSON are rounded to 0.1 ms, the figure is not: --quick's restores
+    # take tens of milliseconds, so the two agree to about a percent.
     assert summary["resident_vs_torch_load_mmap"] == pytest.approx(
         restore["cairn"]["resident_median_s"] / restore["torch_load_mmap"]["resident_median_s"],
-        rel=1e-3)
+        rel=2e-2)
     memcpy = summary["memcpy"]
     assert "1" in memcpy["by_threads"] and len(memcpy["by_threads"]) >= 1
     fastest = min(memcpy["by_threads"].values(), key=lambda m: m["median_s"])
