@@ -13,6 +13,7 @@ anything is built from the bytes.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -207,3 +208,38 @@ def array_from_bytes(header: ArrayHeader, data: bytes | bytearray | memoryview) 
         return torch.empty(header.shape, dtype=dtype)
     raw = torch.frombuffer(owned, dtype=torch.uint8)
     return raw.view(dtype).reshape(header.shape)
+
+
+VALUE_SCHEMA = "cairn.value/1"
+
+
+def encode_value(value: Any) -> bytes:
+    """One value as self-contained bytes: a line of JSON (the structure, the arrays' headers),
+    then each array's raw bytes in order. For values handed across an interface that takes
+    bytes (torch.distributed.checkpoint's), never pickled; :func:`decode_value` reverses it."""
+    structure, arrays = flatten(value, where="value")
+    head = {"schema": VALUE_SCHEMA, "structure": structure,
+            "arrays": [header_of(a).to_json() for a in arrays]}
+    # json.dumps escapes every newline inside strings, so the first b"\n" ends the head.
+    return b"".join([json.dumps(head, separators=(",", ":")).encode(), b"\n",
+                     *(bytes(cpu_bytes(a)) for a in arrays)])
+
+
+def decode_value(data: bytes) -> Any:
+    """The value :func:`encode_value` encoded; CorruptSnapshot when the bytes are not one."""
+    line, sep, body = data.partition(b"\n")
+    try:
+        head = json.loads(line)
+        if not sep or head.get("schema") != VALUE_SCHEMA:
+            raise ValueError(f"not a {VALUE_SCHEMA} value")
+        headers = [ArrayHeader.from_json(h) for h in head["arrays"]]
+        structure = head["structure"]
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise CorruptSnapshot(f"an encoded value is unreadable: {e}") from None
+    arrays, offset = [], 0
+    for header in headers:
+        arrays.append(array_from_bytes(header, body[offset:offset + header.nbytes]))
+        offset += header.nbytes
+    if offset != len(body):
+        raise CorruptSnapshot(f"an encoded value has {len(body) - offset} bytes past its arrays")
+    return unflatten(structure, arrays)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from cairn.state.codec import (
 )
 from cairn.state.staging import plan
 from cairn.store import Manifest, SnapshotMode, Store
+from cairn.store.reader import SnapshotReader
 from cairn.store.aligned import DIRECT_IO_MIN, aligned_buffer
 
 
@@ -39,14 +42,39 @@ def save_state(store_attempt: Any, tree: dict[str, Any], *, step: int) -> Manife
         return snap.commit(step=step)
 
 
+@dataclass(frozen=True)
+class StateDoc:
+    """One part of a state snapshot as its ``state.json`` describes it (``prefix``: the part,
+    ``rank-<r>/``, or "" for a snapshot of one process): the tree's structure and the header
+    of each array the structure refers to by index. Parsed only, nothing of it trusted yet
+    beyond the parse."""
+
+    seq: int
+    prefix: str
+    structure: Any
+    headers: tuple[ArrayHeader, ...]
+
+
 def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[str, Any]:
     """Read and verify a whole state snapshot (``prefix``: one rank's part, ``rank-<r>/``)
     into CPU memory. Raises CorruptSnapshot when it does not verify or parse; a failure of the
     reading itself propagates as it is (see :mod:`cairn.store.verdicts`)."""
+    reader = store.reader(manifest)
+    doc = read_state_doc(reader, prefix=prefix)
+    arrays = read_arrays(reader, doc, range(len(doc.headers)))
+    tree = unflatten(doc.structure, [arrays[i] for i in range(len(doc.headers))])
+    if not isinstance(tree, dict) or "step" not in tree:
+        raise CorruptSnapshot(f"seq {manifest.seq}: state has no step", seq=manifest.seq)
+    return tree
+
+
+def read_state_doc(reader: SnapshotReader, *, prefix: str = "") -> StateDoc:
+    """The verified, parsed ``state.json`` of one part of the state snapshot ``reader``
+    reads. Raises CorruptSnapshot when it is missing or does not verify or parse."""
+    manifest = reader.manifest
     if manifest.mode is not SnapshotMode.STATE:
         raise CorruptSnapshot(f"seq {manifest.seq} is a {manifest.mode.value} snapshot, not "
                               "framework state", seq=manifest.seq)
-    reader = store.reader(manifest)
     if not any(entry.path == prefix + STATE_FILE for entry in manifest.files):
         raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is missing",
                               seq=manifest.seq)
@@ -58,34 +86,41 @@ def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[st
         if doc.get("schema") != STATE_SCHEMA:
             raise CorruptSnapshot(f"state schema {doc.get('schema')!r} is unknown; upgrade cairn",
                                   seq=manifest.seq)
-        headers = [ArrayHeader.from_json(h) for h in doc["arrays"]]
+        headers = tuple(ArrayHeader.from_json(h) for h in doc["arrays"])
         structure = doc["structure"]
-    except (KeyError, ValueError, TypeError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{STATE_FILE} is unreadable: {e}",
                               seq=manifest.seq) from None
-    # Every array is read straight into fresh, uninitialised memory of its own (never the
-    # live objects: those are touched only once the whole snapshot verified and fits).
-    arrays = []
-    targets: list[tuple[str, memoryview]] = []
+    return StateDoc(seq=manifest.seq, prefix=prefix, structure=structure, headers=headers)
+
+
+def read_arrays(reader: SnapshotReader, doc: StateDoc, indices: Iterable[int]) -> dict[int, Any]:
+    """The arrays ``indices`` of ``doc``'s part, each read and verified into fresh CPU memory
+    of its own (never into live objects: those are touched only once everything verified).
+    Returns once every one is in place; raises CorruptSnapshot at a missing or bad one."""
+    manifest = reader.manifest
     entries = {entry.path: entry for entry in manifest.files}
-    for index, header in enumerate(headers):
+    arrays: dict[int, Any] = {}
+    targets: list[tuple[str, memoryview]] = []
+    for index in indices:
+        if not 0 <= index < len(doc.headers):
+            raise CorruptSnapshot(f"seq {manifest.seq}: {doc.prefix}{STATE_FILE} refers to "
+                                  f"array {index}, which it does not describe", seq=manifest.seq)
+        header = doc.headers[index]
         try:
-            entry = entries[prefix + tensor_path(index)]
+            entry = entries[doc.prefix + tensor_path(index)]
         except KeyError:
-            raise CorruptSnapshot(f"seq {manifest.seq}: {prefix}{tensor_path(index)} is missing",
-                                  seq=manifest.seq) from None
+            raise CorruptSnapshot(f"seq {manifest.seq}: {doc.prefix}{tensor_path(index)} is "
+                                  "missing", seq=manifest.seq) from None
         if entry.size != header.nbytes:
             raise CorruptSnapshot(f"seq {manifest.seq}: {entry.path} holds {entry.size} bytes, "
                                   f"its header says {header.nbytes}", seq=manifest.seq)
         array = _empty_array(header, seq=manifest.seq)
-        arrays.append(array)
+        arrays[index] = array
         if header.nbytes:
             targets.append((entry.path, _byte_view(array)))
     reader.read_files_into(targets)
-    tree = unflatten(structure, arrays)
-    if not isinstance(tree, dict) or "step" not in tree:
-        raise CorruptSnapshot(f"seq {manifest.seq}: state has no step", seq=manifest.seq)
-    return tree
+    return arrays
 
 
 def _empty_array(header: ArrayHeader, *, seq: int) -> Any:

@@ -80,3 +80,34 @@ def test_malformed_structure_is_corrupt() -> None:
         unflatten({"$tensor": 3}, [])
     with pytest.raises(CorruptSnapshot):
         unflatten({"$float": "1e999"}, [])
+
+
+def test_a_value_encodes_to_bytes_and_back_without_pickle() -> None:
+    import numpy as np
+
+    from cairn.state.codec import decode_value, encode_value
+
+    value = {"lr": 0.1, "betas": (0.9, 0.999), "name": "line\nbreak", "none": None,
+             "moments": (torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), torch.ones(0)),
+             "hist": np.arange(4, dtype=np.int16), 3: [float("inf"), True]}
+    data = encode_value(value)
+    assert b"pickle" not in data and data.split(b"\n", 1)[0].startswith(b"{")
+    back = decode_value(data)
+    assert back.keys() == value.keys() and back["betas"] == (0.9, 0.999)
+    assert back["name"] == "line\nbreak" and back[3] == [float("inf"), True]
+    assert torch.equal(back["moments"][0], value["moments"][0])
+    assert back["moments"][0].dtype == torch.bfloat16 and back["moments"][1].shape == (0,)
+    assert back["hist"].dtype == np.int16 and back["hist"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("data", [b"", b"\x80\x04K\x01.", b'{"schema":"cairn.value/1"}',
+                                  b'{"schema":"other","structure":1,"arrays":[]}\n',
+                                  b'{"schema":"cairn.value/1","structure":1,"arrays":[]}\nextra',
+                                  b'{"schema":"cairn.value/1","structure":{"$tensor":0},"arrays":'
+                                  b'[{"kind":"torch","dtype":"float32","shape":[2],"nbytes":8}]}\n'
+                                  b'1234'])
+def test_bytes_that_are_not_an_encoded_value_are_refused(data: bytes) -> None:
+    from cairn.state.codec import decode_value
+
+    with pytest.raises(CorruptSnapshot):
+        decode_value(data)
