@@ -141,6 +141,22 @@ def cmd_rm(args: argparse.Namespace, store: Store) -> int:
     return ExitCode.OK
 
 
+def cmd_export(args: argparse.Namespace, store: Store) -> int:
+    """A state snapshot in another tool's layout (torch.distributed.checkpoint's, --dcp)."""
+    if not args.dcp:
+        raise ConfigError("name the layout to export to: --dcp (torch.distributed.checkpoint's "
+                          "FileSystemWriter layout, read with dcp.load(..., checkpoint_id=DIR))")
+    import cairn.dcp  # torch: imported for this command only
+
+    key = Key.parse(args.key)
+    manifest = cairn.dcp.export(store, key, args.dest, seq=args.seq, rank=args.rank)
+    dest = os.path.abspath(args.dest)
+    doc = {**manifest_summary(manifest), "dest": dest, "layout": "dcp"}
+    emit(args, doc, f"exported {key} seq {manifest.seq} into {dest} (torch.distributed."
+                    f"checkpoint layout: dcp.load(state_dict, checkpoint_id={dest!r}))")
+    return ExitCode.OK
+
+
 def cmd_gc(args: argparse.Namespace, store: Store) -> int:
     report = store.gc(grace_seconds=args.grace, dry_run=args.dry_run)
     doc = {
@@ -355,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "pod-based steps only, once their try stopped; a step on an Airflow "
                         "worker cannot be moved")
     p.set_defaults(func=cmd_request, create=False)
+
+    p = command("export", "Write a state snapshot of KEY (default: the newest) into DEST in "
+                          "torch.distributed.checkpoint's layout (--dcp).")
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("dest", metavar="DEST", help="a new or empty directory")
+    p.add_argument("--dcp", action="store_true",
+                   help="DCP's FileSystemWriter layout (the one layout so far)")
+    p.add_argument("--seq", type=int, default=None, help="export exactly this snapshot")
+    p.add_argument("--rank", type=int, default=0,
+                   help="of a snapshot several ranks took, this rank's part (default 0)")
+    p.set_defaults(func=cmd_export, create=False)
 
     p = command("rm", "Remove KEY's snapshots (a tombstone keeps zombie writers out).")
     p.add_argument("key", metavar="KEY")

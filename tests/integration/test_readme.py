@@ -42,7 +42,7 @@ def test_the_store_example_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_torch_example_resumes_after_a_kill(tmp_path: Path) -> None:
-    code = block("import torch\nimport cairn")
+    code = block("import torch\nimport cairn\n")
     assert "cairn.Checkpointer(" in code
     # Stop the first run right after step 42 as a SIGKILL would, once snapshots were taken.
     killed = code.replace("    ckpt.step(step)",
@@ -54,6 +54,22 @@ def test_the_torch_example_resumes_after_a_kill(tmp_path: Path) -> None:
                               "print('start', start)\nfor step in range(start, 100):"), tmp_path)
     assert second.returncode == 0, second.stderr
     assert "start 40" in second.stdout  # every_steps=10: the snapshot of step 39
+
+
+def test_the_dcp_example_loads_the_torch_example_s_snapshot(tmp_path: Path) -> None:
+    torch_code = block("import torch\nimport cairn\n")
+    killed = torch_code.replace("    ckpt.step(step)", "    ckpt.step(step)\n    if step == 42:\n"
+                                "        ckpt.close(); import os; os._exit(9)")
+    assert run(killed, tmp_path).returncode == 9
+    code = block("import torch\nimport cairn.dcp")
+    check = ("\nfrom cairn.state.checkpointer import load_state\nfrom cairn import open_store\n"
+             "s = open_store('/tmp/cairn-torch')\n"
+             "saved = load_state(s, s.manifest(cairn.Key.parse('my-dag/train/run-1/0')))\n"
+             "assert torch.equal(model.weight, saved['models']['default']['weight'])\n"
+             "assert torch.equal(model.bias, saved['models']['default']['bias'])\n")
+    loaded = run(code + check, tmp_path)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "model of step 39 loaded from seq" in loaded.stdout
 
 
 def test_the_encrypted_store_example_runs(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cairn.store",),
     ("cairn.runtime",),
     ("cairn.process", "cairn.state"),
-    ("cairn.policy",),
+    ("cairn.policy", "cairn.dcp"),
     ("cairn.k8s",),
     ("cairn.tries",),  # the try object: every integration's lifecycle
     ("cairn.integrations", "cairn.cli"),
@@ -42,8 +42,9 @@ RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
 
 #: What the integrations may import: the public API (the top-level package and the package
 #: facades whose ``__all__`` the README documents: ``cairn.store``, ``cairn.policy``,
-#: ``cairn.k8s``; never their modules), the errors, the runtime layer and the try object.
-PUBLIC_PACKAGES = frozenset({"cairn", "cairn.store", "cairn.policy", "cairn.k8s"})
+#: ``cairn.k8s``, ``cairn.dcp``; never their modules), the errors, the runtime layer and the
+#: try object.
+PUBLIC_PACKAGES = frozenset({"cairn", "cairn.store", "cairn.policy", "cairn.k8s", "cairn.dcp"})
 PUBLIC_PREFIXES = ("cairn.exceptions", "cairn.runtime", "cairn.tries")
 
 

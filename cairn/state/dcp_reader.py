@@ -1,0 +1,250 @@
+"""A state snapshot served to ``torch.distributed.checkpoint.load`` (ADR 0051).
+
+:class:`StoreReader` is a DCP ``StorageReader``: with cairn's :class:`LoadPlanner`,
+``dcp.load(state_dict, storage_reader=StoreReader(store, key), planner=LoadPlanner())`` fills
+``state_dict`` from a cairn state snapshot, every byte verified, and DCP does for it what it
+does for a checkpoint of its own: it matches keys, narrows and copies each stored tensor into
+the (possibly sharded) tensor that asks for it. Nothing from the store is unpickled: there is no
+DCP ``.metadata`` file to unpickle (the reader builds DCP's ``Metadata`` from the snapshot's
+``state.json``), and the values DCP carries as bytes (everything that is not a tensor) travel in
+cairn's codec (:func:`cairn.state.codec.encode_value`), which only cairn's planner decodes. The
+reader refuses a plan with such values from any other planner: DCP's default planner would
+hand them to ``torch.load(weights_only=False)``.
+
+Keys are the snapshot's tree as the Checkpointer wrote it, flattened by DCP's own rule (path
+elements joined by dots): ``models.<name>.<parameter>``, ``optimizers.<name>.state.<index>.
+<moment>``, ``optimizers.<name>.param_groups``, ``schedulers.<name>...``, ``items.<name>...``,
+``step``. ``dcp.load`` loads the keys of the ``state_dict`` it is given and ignores the rest.
+
+All or nothing per ``dcp.load``: every array a rank's plan needs is read and verified into
+fresh memory before the first byte is copied into the state dict (memory: the rank's share of
+the snapshot, once more, while it loads). A snapshot that does not verify raises
+:class:`~cairn.exceptions.CorruptSnapshot` (DCP wraps it in its ``CheckpointException``;
+:func:`cairn.state.dcp_io.load` unwraps it) and leaves the state dict as it was.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import (
+    BytesStorageMetadata,
+    DefaultLoadPlanner,
+    LoadPlan,
+    Metadata,
+    StorageReader,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint import LoadPlanner as DcpLoadPlanner
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+)
+from torch.distributed.checkpoint.planner import LoadItemType
+
+from cairn.exceptions import ConfigError
+from cairn.runtime.stores import open_store
+from cairn.state.codec import decode_value, encode_value, unflatten
+from cairn.state.state_io import StateDoc, read_arrays, read_state_doc
+from cairn.store import Key, Manifest, SnapshotMode, Store
+
+
+class LoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that the values DCP carries as bytes are decoded
+    with cairn's codec, never unpickled. Use it with :class:`StoreReader`."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        decoded = decode_value(value.read())
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], decoded)
+        else:
+            self.state_dict[fqn] = decoded
+
+
+class _Stored:
+    """Stands in for a numpy array of the snapshot (DCP carries numpy arrays as bytes)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _Skeleton:
+    """A snapshot part's tree with stand-ins for its arrays: a tensor on the ``meta`` device
+    (shape and dtype, no memory) for each torch array, a :class:`_Stored` for each numpy one;
+    flattened by DCP's rule into ``leaves`` (key to value, stand-ins inside)."""
+
+    def __init__(self, doc: StateDoc) -> None:
+        stand_ins: list[Any] = []
+        self._index_of: dict[int, int] = {}  # id(meta tensor) -> array index
+        for index, header in enumerate(doc.headers):
+            if header.kind == "torch":
+                tensor = torch.empty(header.shape, dtype=getattr(torch, header.dtype),
+                                     device="meta")
+                self._index_of[id(tensor)] = index
+                stand_ins.append(tensor)
+            else:
+                stand_ins.append(_Stored(index))
+        self._stand_ins = stand_ins  # keeps every id() above alive and unique
+        self.doc = doc
+        self.leaves, _ = flatten_state_dict(unflatten(doc.structure, stand_ins))
+
+    def index_of(self, tensor: torch.Tensor) -> int:
+        return self._index_of[id(tensor)]
+
+    def arrays_in(self, value: Any) -> Iterator[int]:
+        """The array indices a non-tensor leaf holds (a tuple of tensors, a numpy array)."""
+        if isinstance(value, torch.Tensor):
+            yield self.index_of(value)
+        elif isinstance(value, _Stored):
+            yield value.index
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from self.arrays_in(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from self.arrays_in(item)
+
+    def filled(self, value: Any, arrays: dict[int, Any]) -> Any:
+        """``value`` with each stand-in replaced by its array, read."""
+        if isinstance(value, torch.Tensor):
+            return arrays[self.index_of(value)]
+        if isinstance(value, _Stored):
+            return arrays[value.index]
+        if isinstance(value, dict):
+            return {k: self.filled(v, arrays) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.filled(v, arrays) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.filled(v, arrays) for v in value)
+        return value
+
+    def metadata(self) -> Metadata:
+        """DCP's ``Metadata`` of this part: one whole chunk per tensor (offsets 0), bytes for
+        every other leaf. ``storage_data`` maps each tensor chunk's index to its array."""
+        entries: dict[str, Any] = {}
+        storage: dict[MetadataIndex, int] = {}
+        for fqn, leaf in self.leaves.items():
+            if isinstance(leaf, torch.Tensor):
+                offsets = torch.Size([0] * leaf.dim())
+                entries[fqn] = TensorStorageMetadata(
+                    properties=TensorProperties(dtype=leaf.dtype), size=leaf.shape,
+                    chunks=[ChunkStorageMetadata(offsets=offsets, sizes=leaf.shape)])
+                storage[MetadataIndex(fqn, offsets)] = self.index_of(leaf)
+            else:
+                entries[fqn] = BytesStorageMetadata()
+        return Metadata(state_dict_metadata=entries, storage_data=storage,
+                        storage_meta=StorageMeta())
+
+
+class StoreReader(StorageReader):
+    """A DCP ``StorageReader`` serving one state snapshot of ``key`` (``seq``; default: the
+    newest committed one, chosen when the reader is made). A snapshot taken by several ranks
+    is served as rank ``rank``'s part (replicated training, DDP: any rank's part holds every
+    tensor whole). Every rank of a ``dcp.load`` makes its own reader of the same snapshot.
+
+    Thread: DCP calls it from the thread that runs ``dcp.load``."""
+
+    def __init__(self, store: Store | str, key: Key | str, *, seq: int | None = None,
+                 rank: int = 0) -> None:
+        super().__init__()
+        self.store = open_store(store) if isinstance(store, str) else store
+        self.key = Key.parse(key) if isinstance(key, str) else key
+        self.manifest: Manifest = self.store.manifest(self.key, seq)
+        if self.manifest.mode is not SnapshotMode.STATE:
+            raise ConfigError(f"seq {self.manifest.seq} of {self.key} is a "
+                              f"{self.manifest.mode.value} snapshot; torch.distributed.checkpoint "
+                              "reads framework-state snapshots only (Checkpointer, the Lightning "
+                              "and Hugging Face integrations)")
+        world_size = int(self.manifest.metadata.get("world_size", 1))
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"seq {self.manifest.seq} of {self.key} was taken by {world_size} "
+                              f"rank(s); rank= must be 0 to {world_size - 1}, not {rank}")
+        self.prefix = f"rank-{rank}/" if world_size > 1 else ""
+        self._reader = self.store.reader(self.manifest)
+        self._skeleton: _Skeleton | None = None
+        self._storage: dict[MetadataIndex, int] = {}
+
+    @property
+    def seq(self) -> int:
+        return self.manifest.seq
+
+    def skeleton(self) -> _Skeleton:
+        """This part's tree of stand-ins (its ``state.json`` read and verified once)."""
+        if self._skeleton is None:
+            self._skeleton = _Skeleton(read_state_doc(self._reader, prefix=self.prefix))
+        return self._skeleton
+
+    # -- StorageReader -----------------------------------------------------------------------
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id is not None:
+            raise ConfigError("a StoreReader serves the snapshot it was made for; make another "
+                              "StoreReader(store, key, seq=...) instead of passing checkpoint_id")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False  # never picked by DCP for a path: made explicitly, as storage_reader=
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self.skeleton().metadata()
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        self._storage = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: DcpLoadPlanner) -> torch.futures.Future[None]:
+        """Read and verify everything ``plan`` asks for, then hand it to ``planner``."""
+        skeleton = self.skeleton()
+        wanted: set[int] = set()
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                if not isinstance(planner, LoadPlanner):
+                    raise ConfigError(
+                        f"{item.storage_index.fqn!r} is not a tensor, and "
+                        f"{type(planner).__name__} would unpickle it; pass "
+                        "planner=cairn.dcp.LoadPlanner() to dcp.load (or use cairn.dcp.load)")
+                wanted.update(skeleton.arrays_in(skeleton.leaves[item.storage_index.fqn]))
+            else:
+                wanted.add(self._storage[item.storage_index])
+        arrays = read_arrays(self._reader, skeleton.doc, sorted(wanted))
+        for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:
+                value = skeleton.filled(skeleton.leaves[item.storage_index.fqn], arrays)
+                planner.load_bytes(item, io.BytesIO(encode_value(value)))
+                continue
+            source = _narrowed(arrays[self._storage[item.storage_index]], item.storage_offsets,
+                               item.lengths)
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != source.size():
+                raise ConfigError(f"{item.storage_index.fqn}: DCP asked for {tuple(target.size())} "
+                                  f"where the snapshot holds {tuple(source.size())}")
+            target.copy_(source)
+            planner.commit_tensor(item, target)
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+
+def _narrowed(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    """The part of ``tensor`` at ``offsets`` of ``lengths`` (a view), as DCP's own reader
+    narrows a stored chunk to a read item."""
+    for dim, (offset, length) in enumerate(zip(offsets, lengths)):
+        if length != tensor.size(dim):
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor
