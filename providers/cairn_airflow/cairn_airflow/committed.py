@@ -65,12 +65,7 @@ def kept_by_airflow(context: Mapping[str, Any], store_url: str, key: Any, *,
         yield
         return
     mark = rollback.local_mark(store_url, str(key), environ)
-    try:
-        kept = mark.seq_in(accessor.get(TASK_STATE_KEY))
-    except Exception as e:  # noqa: BLE001 - this worker's record still protects the try
-        log.warning("cairn: could not read the committed seq from %s (%s): only this worker's "
-                    "record protects this try", SOURCE, e)
-        kept = None
+    kept = _seq_kept(accessor, mark, unread="only this worker's record protects this try")
     if kept is not None and mark.record(kept, source=SOURCE):
         log.info("cairn: an earlier try of %s committed snapshot seq %d (kept in %s)", key,
                  kept, SOURCE)
@@ -109,11 +104,18 @@ def kept_seq(context: Mapping[str, Any], store_url: str, key: Any) -> int | None
     accessor = context.get("task_state_store")
     if accessor is None:
         return None
+    return _seq_kept(accessor, rollback.local_mark(store_url, str(key)),
+                     unread="a new pod of this task is not told what earlier tries committed")
+
+
+def _seq_kept(accessor: Any, mark: Any, *, unread: str) -> int | None:
+    """``mark``'s seq as the task state store keeps it; None when none is kept or it cannot be
+    read (logged, ending with ``unread``: what the try goes on without)."""
     try:
-        return rollback.local_mark(store_url, str(key)).seq_in(accessor.get(TASK_STATE_KEY))
-    except Exception as e:  # noqa: BLE001 - the pod's own files still protect its restarts
-        log.warning("cairn: could not read the committed seq from %s (%s): a new pod of this "
-                    "task is not told what earlier tries committed", SOURCE, e)
+        return mark.seq_in(accessor.get(TASK_STATE_KEY))
+    except Exception as e:  # noqa: BLE001 - the worker's or pod's own record still protects
+        log.warning("cairn: could not read the committed seq from %s (%s): %s", SOURCE, e,
+                    unread)
         return None
 
 
