@@ -167,6 +167,11 @@ class CairnCallback(CheckpointingCallback, TrainerCallback):
             raise ConfigError("this CairnCallback already ran a training; use a new one per train()")
         _check_supported(trainer)
         ckpt = make_checkpointer(**self._factory)
+        # The Trainer's data position (its epoch and steps, what it skips on a resume) is
+        # counted in batches of its ranks as they were (issue 35).
+        ckpt.resize_refusal = ("cairn's Trainer integration resumes the Trainer's data "
+                               "position as its ranks took it, which is not dealt to another "
+                               "number of ranks yet")
         self.checkpointer = ckpt
         self._trainer = trainer
         self._optimizer = trainer.create_optimizer()

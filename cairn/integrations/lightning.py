@@ -100,6 +100,11 @@ class CairnCheckpoint(CheckpointingCallback, pl.Callback):
         if self.checkpointer is not None:
             raise ConfigError("this CairnCheckpoint already ran a fit; use a new one per fit")
         ckpt = make_checkpointer(**self._factory)
+        # The train loader's position lives in the trainer state, dealt to its ranks as they
+        # were: on another number of ranks samples would repeat or be skipped (issue 35).
+        ckpt.resize_refusal = ("CairnCheckpoint keeps the train loader's position in "
+                               "Lightning's state, which is not dealt to another number of "
+                               "ranks yet")
         self.checkpointer = ckpt
         self._hook_train_loader(trainer)
         trainer_state = _TrainerState(self, trainer)

@@ -66,13 +66,14 @@ from cairn.exceptions import (
 )
 from cairn.runtime import endings, env, exits, rollback, session, slurm
 from cairn.runtime import suspend as suspend_mod
-from cairn.runtime.interval import young_daly_interval
+from cairn.runtime.interval import observed_mtbf, young_daly_interval
 from cairn.runtime.try_session import CauseWatch, Cost, FinalVerdict, Saved, TrySession
 from cairn.state import capture
 from cairn.state.codec import flatten, header_of
 from cairn.state.distributed import Group
 from cairn.state.options import PersistMode, SnapshotPolicy, WhenBusy
 from cairn.state.persister import Persister
+from cairn.state.resize import REFUSED_BY_OPTION, Resize, resize_for, resized
 from cairn.state.staging import plan
 from cairn.state.state_io import load_state, save_state, staged_size
 from cairn.state.status import StatusReporter
@@ -83,8 +84,6 @@ from cairn.state.triggers import (
 )
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, SnapshotInfo, Store
-from cairn.store.slotlog import RecordKind
-from cairn.store.timestamps import parse_timestamp
 from cairn.store.verdicts import reading, restore_failed_exit
 
 __all__ = ["Checkpointer", "PersistMode", "SnapshotPolicy", "WhenBusy", "load_state",
@@ -107,7 +106,7 @@ class Checkpointer:
                  buffers: int = 1, max_failures: int = 3,
                  exclude_seqs: Collection[int] = (), status_file: str | None = None,
                  suspend_poll_seconds: float | str | None = None,
-                 allow_rollback: bool | None = None) -> None:
+                 allow_rollback: bool | None = None, resize: bool = True) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -170,6 +169,10 @@ class Checkpointer:
         self.committed_step: int | None = None
         self.skipped = 0  # snapshots skipped because the previous one was still persisting
         self._group = Group()
+        # None: a snapshot of another world size resizes; else why it is refused (an
+        # integration whose own state cannot follow a resize says so here).
+        self.resize_refusal: str | None = None if resize else REFUSED_BY_OPTION
+        self.resized: Resize | None = None  # set by restore() when it resized N -> M ranks
 
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
@@ -211,7 +214,9 @@ class Checkpointer:
 
         All or nothing: a snapshot that fails verification is skipped (logged) for the one
         before it; one that does not fit the live objects raises
-        :class:`~cairn.state.capture.StateMismatch` before anything is loaded. Reading that
+        :class:`~cairn.state.capture.StateMismatch` before anything is loaded. A snapshot
+        taken by another number of ranks resizes (replicated training only; ``resize=False``
+        refuses it; :mod:`cairn.state.resize`) and sets :attr:`resized`. Reading that
         fails on this side (a library error, a bug, out of memory; on any rank) skips nothing:
         it raises :class:`~cairn.exceptions.RestoreFailedExit` (a script that lets it
         propagate exits 8), logged with its cause.
@@ -261,9 +266,11 @@ class Checkpointer:
             self.session.set_watchers(notice=lambda: notice.pending)
             if self._group.rank == 0:  # rank 0 asks for every rank: one Job is suspended whole
                 self.session.cause = CauseWatch.beside(notice.notice_file)
-        prefix = f"rank-{self._group.rank}/" if self._group.active else ""
+        own = f"rank-{self._group.rank}/" if self._group.active else ""
         for info in self._candidates():
-            self._check_world_size(info.manifest)
+            resize = resize_for(info.manifest, self._group, self._targets,
+                                refusal=self.resize_refusal)
+            prefix = resize.prefix if resize is not None else own
             tree: dict[str, Any] | None = None
             failure: RestoreFailed | None = None
             try:
@@ -285,7 +292,14 @@ class Checkpointer:
             if verdict == 1 or tree is None:
                 continue
             capture.check_compatible(tree, self._targets)
+            if resize is not None:
+                tree = resized(tree, resize)
+                if self._group.rank == 0:
+                    log.warning("key %s: resizing %s: snapshot seq %d was taken by %d ranks; "
+                                "keeping the global batch is the script's (Checkpointer.resized)",
+                                self.key, resize, info.seq, resize.from_ranks)
             capture.apply(tree, self._targets)
+            self.resized = resize
             self.extras = dict(tree.get("extras") or {})
             self.restored_from = info.manifest
             self._attempt.resume_from(info.manifest)
@@ -331,24 +345,16 @@ class Checkpointer:
     @property
     def mtbf_s(self) -> float | None:
         """Observed time between restarts of this key, whatever their cause (its attempts so
-        far: :func:`_observed_mtbf`); None with fewer than two. Read from the key's log the
-        first time it is needed."""
+        far: :func:`~cairn.runtime.interval.observed_mtbf`); None with fewer than two. Read
+        from the key's log the first time it is needed."""
         if not self._mtbf_known:
             self._require_restored()
-            self._mtbf, self._mtbf_known = _observed_mtbf(self.store, self.key), True
+            self._mtbf, self._mtbf_known = observed_mtbf(self.store, self.key), True
         return self._mtbf
 
     @mtbf_s.setter
     def mtbf_s(self, value: float | None) -> None:
         self._mtbf, self._mtbf_known = value, True
-
-    def _check_world_size(self, manifest: Manifest) -> None:
-        taken = int(manifest.metadata.get("world_size", 1))
-        if taken != self._group.world_size:
-            raise capture.StateMismatch(
-                f"snapshot seq {manifest.seq} was taken by {taken} ranks and this run has "
-                f"{self._group.world_size}; cairn does not reshard. Run with {taken} ranks, or "
-                f"start fresh by removing the key (cairn rm STORE {self.key})")
 
     def _start_writer(self, staged_size: int | None) -> None:
         """Start the writer process and prepare for the first snapshot, whose staging size is
@@ -678,21 +684,3 @@ class _StateSnapshotter:
 
     def stopped(self) -> bool:
         return False  # training stops only when the step raises
-
-
-def _observed_mtbf(store: Store, key: Key) -> float | None:
-    """Mean wall time in seconds between this key's attempt starts (its ``open`` records):
-    every restart counts, whatever ended the try before it (a preemption, the step's own crash,
-    a kill that left no outcome record), and so does the time between tries. None with fewer
-    than two attempts. Not :mod:`cairn.policy`'s λ, which counts only the capacity's
-    interruptions (outcome records) per hour run on one option, with a prior, to compare
-    options."""
-    opens = [r.created_at for r in store.history(key) if r.kind is RecordKind.OPEN]
-    if len(opens) < 2:
-        return None
-    try:
-        span = parse_timestamp(opens[-1]) - parse_timestamp(opens[0])
-    except ValueError:
-        return None
-    return span / (len(opens) - 1) if span > 0 else None
-

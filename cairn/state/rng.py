@@ -16,11 +16,12 @@ import random
 import sys
 from typing import Any
 
+import blake3
 import numpy as np
 
 from cairn.exceptions import CorruptSnapshot
 
-__all__ = ["capture", "check", "restore"]
+__all__ = ["capture", "check", "derived", "restore"]
 
 
 def capture(*, cuda: bool = True) -> dict[str, Any]:
@@ -39,6 +40,34 @@ def capture(*, cuda: bool = True) -> dict[str, Any]:
     if cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
     return state
+
+
+def derived(state: dict[str, Any], *, rank: int) -> dict[str, Any]:
+    """The RNG states of a rank that a resized restore adds (issue 35): one 64-bit seed, the
+    first 8 bytes (little-endian) of the BLAKE3 of ``state``'s torch CPU generator bytes
+    followed by ``rank`` as 8 little-endian bytes, seeds torch's CPU generator
+    (``manual_seed``), numpy's legacy global one (``RandomState(seed % 2**32)``) and Python's
+    ``random`` (``Random(seed)``). The same ``state`` and rank give the same states on every
+    run; different ranks, different ones. CUDA generators are left as the process started
+    them."""
+    import torch
+
+    _parse(state)
+    source = state["torch"].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    digest = blake3.blake3(source + int(rank).to_bytes(8, "little")).digest()
+    seed = int.from_bytes(digest[:8], "little")
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    kind, keys, pos, has_gauss, cached = np.random.RandomState(seed % 2**32).get_state(
+        legacy=True)
+    version, internal, gauss_next = random.Random(seed).getstate()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+        "numpy": {"kind": kind, "keys": np.array(keys, dtype=np.uint32), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": generator.get_state(),
+        "cuda": [],
+    }
 
 
 def check(state: Any) -> None:

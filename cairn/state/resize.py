@@ -1,0 +1,139 @@
+"""A restore on another number of ranks than the snapshot was taken by (issue 35, ADR 0052).
+
+Replicated training (plain DDP) resizes: every rank's part of the snapshot holds the whole
+model, optimizer, schedulers, scalers and named items, so a rank that existed in the snapshot
+(rank < N) loads its own part and a rank the resize adds loads rank 0's. RNGs: ranks below
+min(N, M) keep theirs; an added rank gets states derived from rank 0's by
+:func:`cairn.state.rng.derived`. The step is the snapshot's.
+
+Refused, with the reason, before anything loads: sharded models and optimizers (DTensor
+parameters: FSDP2, HSDP, tensor parallel; FSDP1; ``ZeroRedundancyOptimizer``), and a
+``loader=`` (dealing the data position of N ranks to M is not built). ``resize=False`` on the
+Checkpointer refuses every resize, as before, and so do the Lightning and Hugging Face
+integrations, which keep the loader's position in their own trainer state.
+
+The global batch is the script's: cairn cannot see it. After a resize,
+``Checkpointer.resized`` says N -> M, and a script that keeps the global batch divides it by
+M (or accumulates gradients); one that does not trains on M/N of the snapshot's global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cairn.state import rng
+from cairn.state.capture import StateMismatch, Targets
+from cairn.state.distributed import Group
+from cairn.store import Manifest
+
+
+@dataclass(frozen=True)
+class Resize:
+    """This rank's view of a restore from ``from_ranks`` ranks onto ``to_ranks``."""
+
+    from_ranks: int
+    to_ranks: int
+    rank: int
+
+    @property
+    def added(self) -> bool:
+        """Whether this rank did not exist when the snapshot was taken."""
+        return self.rank >= self.from_ranks
+
+    @property
+    def source_rank(self) -> int:
+        """Whose part of the snapshot this rank loads."""
+        return 0 if self.added else self.rank
+
+    @property
+    def prefix(self) -> str:
+        return f"rank-{self.source_rank}/" if self.from_ranks > 1 else ""
+
+    def __str__(self) -> str:
+        return f"{self.from_ranks} -> {self.to_ranks} ranks"
+
+
+#: Why a Checkpointer made with ``resize=False`` refuses a resize.
+REFUSED_BY_OPTION = "resize=False refuses to reshard"
+
+
+def resize_for(manifest: Manifest, group: Group, targets: Targets, *,
+               refusal: str | None) -> Resize | None:
+    """None when ``manifest`` was taken by ``group``'s number of ranks; else this rank's
+    :class:`Resize`. Raises :class:`StateMismatch` when the resize is refused: ``refusal``
+    (why, when the caller refuses every resize) or what :func:`unsupported` names."""
+    taken = int(manifest.metadata.get("world_size", 1))
+    if taken == group.world_size:
+        return None
+    if refusal is not None:
+        raise StateMismatch(
+            f"snapshot seq {manifest.seq} was taken by {taken} ranks and this run has "
+            f"{group.world_size}, and {refusal}. Run with {taken} ranks, or start fresh by "
+            "removing the key (cairn rm STORE KEY)")
+    problems = unsupported(targets)
+    if problems:
+        raise StateMismatch(
+            f"snapshot seq {manifest.seq} was taken by {taken} ranks and this run has "
+            f"{group.world_size}; cairn cannot resize it (nothing was loaded):\n  "
+            + "\n  ".join(problems) + f"\nRun with {taken} ranks, or start fresh by removing "
+            "the key (cairn rm STORE KEY). Resizing works for replicated training (plain "
+            "DDP) without loader=.")
+    return Resize(from_ranks=taken, to_ranks=group.world_size, rank=group.rank)
+
+
+def unsupported(targets: Targets) -> list[str]:
+    """What keeps ``targets`` from resizing, one line each; empty when they can."""
+    problems: list[str] = []
+    dtensor = _dtensor_type()
+    fsdp1 = _fsdp1_type()
+    for name, model in targets.models.items():
+        if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
+            problems.append(f"model {name!r} is wrapped in FullyShardedDataParallel (FSDP1)")
+        elif dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters()):
+            problems.append(f"model {name!r} has sharded (DTensor) parameters: FSDP2, HSDP "
+                            "or tensor parallel")
+    zero = _zero_type()
+    for name, opt in targets.optimizers.items():
+        if zero is not None and isinstance(opt, zero):
+            problems.append(f"optimizer {name!r} is a ZeroRedundancyOptimizer (sharded state)")
+    if targets.loader is not None:
+        problems.append("loader=: dealing the data position of the snapshot's ranks to this "
+                        "run's ranks is not built yet")
+    return problems
+
+
+def resized(tree: dict[str, Any], resize: Resize) -> dict[str, Any]:
+    """``tree`` (the part of rank ``resize.source_rank``) as this rank restores it: an
+    added rank's RNGs derived from the source's, everything else as it is."""
+    if resize.added:
+        tree = {**tree, "rng": rng.derived(tree["rng"], rank=resize.rank)}
+    return tree
+
+
+def _dtensor_type() -> Any:
+    if not torch.distributed.is_available():
+        return None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    return DTensor
+
+
+def _fsdp1_type() -> Any:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel
+
+
+def _zero_type() -> Any:
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer

@@ -1,0 +1,112 @@
+"""A DDP snapshot resumes on another number of ranks (issue 35, ADR 0052): 2 -> 1, 1 -> 2 and
+2 -> 3 under torchrun (gloo, CPU). Right after the restore every rank's model, optimizer and
+scheduler equal the snapshot's bit for bit; ranks the snapshot had keep their RNGs, an added
+rank gets :func:`cairn.state.rng.derived`'s; and the next 20 steps' losses equal, bit for bit,
+those of the same M-rank script loading the same snapshot through stock ``dcp.load`` from a
+``cairn export --dcp`` copy. ``resize=False`` and a ``loader=`` refuse."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cairn.dcp
+from cairn import open_store
+from cairn.state import rng
+from cairn.state.state_io import load_state
+from cairn.store import Key
+from tests.support.ddp_resize import rng_digest, state_digest
+from tests.support.hang import HANG_S
+
+REPO = Path(__file__).resolve().parents[3]
+KEY = "dag/resize/run-1/0"
+SNAPSHOT_STEPS, TOTAL = 10, 30  # the snapshot after step 9, then 20 steps
+
+
+def torchrun(nproc: int, store: Path, *extra: str, total: int = TOTAL) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={nproc}", "-m", "tests.support.ddp_resize", str(store), KEY,
+         "--total", str(total), "--every", "5", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+
+
+def lines(out: str, what: str) -> dict[int, str]:
+    return {int(m[1]): m[2] for m in re.finditer(rf"^{what} (\d+) (\S+)$", out, re.M)}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """A store holding the snapshot of step 9, taken by 1 and by 2 ranks."""
+    stores = {}
+    for ranks in (1, 2):
+        store = tmp_path_factory.mktemp(f"from-{ranks}") / "store"
+        run = torchrun(ranks, store, total=SNAPSHOT_STEPS)
+        assert run.returncode == 0, run.stderr[-3000:]
+        with open_store(str(store), create=False) as opened:  # close() waited for it
+            assert opened.manifest(Key.parse(KEY)).step == SNAPSHOT_STEPS - 1
+        stores[ranks] = store
+    return stores
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "m"), [(2, 1), (1, 2), (2, 3)])
+def test_ddp_resumes_resized_as_stock_dcp_would(sources: dict[int, Path], tmp_path: Path,
+                                                n: int, m: int) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(sources[n], store)
+    with open_store(str(store), create=False) as opened:
+        manifest = opened.manifest(Key.parse(KEY))
+        assert manifest.metadata.get("world_size", 1) == n and manifest.step == 9
+        parts = [load_state(opened, manifest, prefix=f"rank-{r}/" if n > 1 else "")
+                 for r in range(n)]
+        cairn.dcp.export(opened, KEY, str(tmp_path / "dcp"))  # rank 0's part: DDP replicas
+
+    resized = torchrun(m, store)
+    assert resized.returncode == 0, resized.stderr[-3000:]
+    assert re.search(r"^start 10$", resized.stdout, re.M)
+    assert f"resizing {n} -> {m} ranks: snapshot seq {manifest.seq} was taken by {n} ranks" \
+        in resized.stderr
+
+    # Right after the restore: the state bit for bit, each rank's from its own part or rank 0's.
+    restored, rngs = lines(resized.stdout, "restored"), lines(resized.stdout, "rng")
+    assert sorted(restored) == sorted(rngs) == list(range(m))
+    for rank in range(m):
+        part = parts[rank if rank < n else 0]
+        assert restored[rank] == state_digest(part["models"]["default"],
+                                              part["optimizers"]["default"],
+                                              part["schedulers"]["default"]), rank
+        if rank < n:
+            assert rngs[rank] == rng_digest(part["rng"]["torch"]), rank
+        else:
+            assert rngs[rank] == rng_digest(rng.derived(parts[0]["rng"], rank=rank)["torch"])
+            assert rngs[rank] not in {rng_digest(p["rng"]["torch"]) for p in parts}
+
+    # The next 20 steps: what stock DCP's reader gives the same M-rank script.
+    stock = torchrun(m, tmp_path / "unused-store", "--from-dcp", str(tmp_path / "dcp"))
+    assert stock.returncode == 0, stock.stderr[-3000:]
+    assert re.search(r"^start 10$", stock.stdout, re.M)
+    assert lines(stock.stdout, "restored")[0] == restored[0]
+    losses = lines(resized.stdout, "loss")
+    assert sorted(losses) == list(range(SNAPSHOT_STEPS, TOTAL))
+    assert losses == lines(stock.stdout, "loss")
+
+    # The resized run's own snapshots are M-rank snapshots.
+    with open_store(str(store), create=False) as opened:
+        newest = opened.manifest(Key.parse(KEY))
+        assert newest.step == TOTAL - 1 and newest.metadata.get("world_size", 1) == m
+
+
+@pytest.mark.slow
+def test_resize_false_refuses(sources: dict[int, Path], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(sources[2], store)
+    refused = torchrun(1, store, "--no-resize")
+    assert refused.returncode != 0
+    assert "taken by 2 ranks and this run has 1, and resize=False refuses to reshard" \
+        in refused.stderr
