@@ -4,7 +4,7 @@
 ``dcp.load(state_dict, storage_reader=StoreReader(store, key), planner=LoadPlanner())`` fills
 ``state_dict`` from a cairn state snapshot, every byte verified, and DCP does for it what it
 does for a checkpoint of its own: it matches keys, narrows and copies each stored tensor into
-the (possibly sharded) tensor that asks for it. Nothing from the store is unpickled: there is no
+the tensor that asks for it (only whole, unsharded tensors are stored and tested so far). Nothing from the store is unpickled: there is no
 DCP ``.metadata`` file to unpickle (the reader builds DCP's ``Metadata`` from the snapshot's
 ``state.json``), and the values DCP carries as bytes (everything that is not a tensor) travel in
 cairn's codec (:func:`cairn.state.codec.encode_value`), which only cairn's planner decodes. The
