@@ -26,7 +26,7 @@ the snapshot, once more, while it loads). A snapshot that does not verify raises
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,31 +101,26 @@ class _Skeleton:
     def index_of(self, tensor: torch.Tensor) -> int:
         return self._index_of[id(tensor)]
 
-    def arrays_in(self, value: Any) -> Iterator[int]:
+    def arrays_in(self, value: Any) -> list[int]:
         """The array indices a non-tensor leaf holds (a tuple of tensors, a numpy array)."""
-        if isinstance(value, torch.Tensor):
-            yield self.index_of(value)
-        elif isinstance(value, _Stored):
-            yield value.index
-        elif isinstance(value, dict):
-            for item in value.values():
-                yield from self.arrays_in(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                yield from self.arrays_in(item)
+        found: list[int] = []
+        self._mapped(value, lambda index: found.append(index))
+        return found
 
     def filled(self, value: Any, arrays: dict[int, Any]) -> Any:
         """``value`` with each stand-in replaced by its array, read."""
+        return self._mapped(value, arrays.__getitem__)
+
+    def _mapped(self, value: Any, array: Callable[[int], Any]) -> Any:
+        """``value`` rebuilt with ``array(index)`` for each stand-in in it."""
         if isinstance(value, torch.Tensor):
-            return arrays[self.index_of(value)]
+            return array(self.index_of(value))
         if isinstance(value, _Stored):
-            return arrays[value.index]
+            return array(value.index)
         if isinstance(value, dict):
-            return {k: self.filled(v, arrays) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.filled(v, arrays) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.filled(v, arrays) for v in value)
+            return {k: self._mapped(v, array) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._mapped(v, array) for v in value)
         return value
 
     def metadata(self) -> Metadata:

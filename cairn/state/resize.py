@@ -87,15 +87,13 @@ def resize_for(manifest: Manifest, group: Group, targets: Targets, *,
 def unsupported(targets: Targets) -> list[str]:
     """What keeps ``targets`` from resizing, one line each; empty when they can."""
     problems: list[str] = []
-    dtensor = _dtensor_type()
-    fsdp1 = _fsdp1_type()
+    dtensor, fsdp1, zero = _sharded_types()
     for name, model in targets.models.items():
         if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
             problems.append(f"model {name!r} is wrapped in FullyShardedDataParallel (FSDP1)")
         elif dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters()):
             problems.append(f"model {name!r} has sharded (DTensor) parameters: FSDP2, HSDP "
                             "or tensor parallel")
-    zero = _zero_type()
     for name, opt in targets.optimizers.items():
         if zero is not None and isinstance(opt, zero):
             problems.append(f"optimizer {name!r} is a ZeroRedundancyOptimizer (sharded state)")
@@ -113,27 +111,16 @@ def resized(tree: dict[str, Any], resize: Resize) -> dict[str, Any]:
     return tree
 
 
-def _dtensor_type() -> Any:
+def _sharded_types() -> tuple[Any, Any, Any]:
+    """torch's DTensor, FSDP1 and ZeroRedundancyOptimizer types (Nones without
+    torch.distributed)."""
     if not torch.distributed.is_available():
-        return None
+        return None, None, None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.5
         from torch.distributed._tensor import DTensor
-    return DTensor
-
-
-def _fsdp1_type() -> Any:
-    if not torch.distributed.is_available():
-        return None
     from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return FullyShardedDataParallel
-
-
-def _zero_type() -> Any:
-    if not torch.distributed.is_available():
-        return None
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    return ZeroRedundancyOptimizer
+    return DTensor, FullyShardedDataParallel, ZeroRedundancyOptimizer
