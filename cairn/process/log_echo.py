@@ -7,8 +7,15 @@ where the orchestrator's task log reads it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
+
+# How often the files are looked at. The user watching ``cairn run``'s output waits up to this
+# long for a line the workload has written: at 0.2 s, a restored workload's first step showed
+# 0.2 s after it happened (measured at 256 MiB, where plain CRIU's whole restore takes 0.3 s).
+# A look is one stat(2) per file when nothing was written.
+POLL_S = 0.02
 
 
 class LogEcho(threading.Thread):
@@ -30,6 +37,8 @@ class LogEcho(threading.Thread):
     def _pump(self) -> None:
         for path, stream in self._pairs:
             try:
+                if os.stat(path).st_size <= self._offsets[path]:
+                    continue
                 with open(path, "rb") as f:
                     f.seek(self._offsets[path])
                     data = f.read()
@@ -41,7 +50,8 @@ class LogEcho(threading.Thread):
                 stream.flush()
 
     def run(self) -> None:
-        while not self._halt.wait(0.2):
+        self._pump()  # what was written while the restore finished shows at once
+        while not self._halt.wait(POLL_S):
             self._pump()
         self._pump()
 
