@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from cairn.exceptions import CairnError, ConfigError
-from cairn.state import loader_workers, rng
+from cairn.state import data_position, loader_workers, rng
 
 
 class StateMismatch(ConfigError):
@@ -100,6 +100,10 @@ def gather(targets: Targets, *, step: int, extras: dict[str, Any]) -> dict[str, 
     }
     if targets.items:
         tree["items"] = {n: item.state_dict() for n, item in targets.items.items()}
+    if targets.loader is not None:  # a distributed sampler's place: only where there is one
+        position = data_position.capture(targets.loader, tree["loader"])
+        if position is not None:
+            tree["data"] = position
     return tree
 
 
@@ -157,12 +161,15 @@ def apply(tree: dict[str, Any], targets: Targets) -> None:
         scaler.load_state_dict(tree["scalers"][name])
     for name, item in targets.items.items():
         item.load_state_dict(tree["items"][name])
-    if targets.loader is not None:
+    if isinstance(tree["loader"], data_position.Dealt):  # resized: the epoch's rest, afresh
+        tree["loader"].apply(targets.loader)
+    elif targets.loader is not None:
+        data_position.reinstate(targets.loader, tree.get("data"))
         targets.loader.load_state_dict(tree["loader"])
         # Creating the iterator draws from the global RNGs (its base seed); the uninterrupted
         # run drew that at the epoch's start. Create it now, so the RNGs set below stand.
         loader_workers.resume_iterator(targets.loader)
     rng.restore(tree["rng"])
-    if targets.loader is not None:
+    if targets.loader is not None and not isinstance(tree["loader"], data_position.Dealt):
         loader_workers.log_if_not_exact(loader_workers.diagnose(targets.loader, tree["loader"]),
                                         what=f"resuming at step {tree['step'] + 1}")

@@ -73,7 +73,7 @@ from cairn.state.codec import flatten, header_of
 from cairn.state.distributed import Group
 from cairn.state.options import PersistMode, SnapshotPolicy, WhenBusy
 from cairn.state.persister import Persister
-from cairn.state.resize import REFUSED_BY_OPTION, Resize, resize_for, resized
+from cairn.state.resize import REFUSED_BY_OPTION, Resize, read_positions, resize_for, resized
 from cairn.state.staging import plan
 from cairn.state.state_io import load_state, save_state, staged_size
 from cairn.state.status import StatusReporter
@@ -272,10 +272,13 @@ class Checkpointer:
                                 refusal=self.resize_refusal)
             prefix = resize.prefix if resize is not None else own
             tree: dict[str, Any] | None = None
+            positions: list[Any] | None = None  # every old rank's, to deal a loader's epoch
             failure: RestoreFailed | None = None
             try:
                 with reading(info.seq):  # only a store verdict skips a snapshot
                     tree = load_state(self.store, info.manifest, prefix=prefix)
+                    if resize is not None and self._targets.loader is not None:
+                        positions = read_positions(self.store, info.manifest, resize)
             except CorruptSnapshot as e:
                 log.warning("key %s: skipping snapshot seq %d: %s", self.key, info.seq, e)
             except RestoreFailed as e:
@@ -293,7 +296,7 @@ class Checkpointer:
                 continue
             capture.check_compatible(tree, self._targets)
             if resize is not None:
-                tree = resized(tree, resize)
+                tree = resized(tree, resize, positions=positions, seq=info.seq)
                 if self._group.rank == 0:
                     log.warning("key %s: resizing %s: snapshot seq %d was taken by %d ranks; "
                                 "keeping the global batch is the script's (Checkpointer.resized)",

@@ -6,11 +6,16 @@ model, optimizer, schedulers, scalers and named items, so a rank that existed in
 min(N, M) keep theirs; an added rank gets states derived from rank 0's by
 :func:`cairn.state.rng.derived`. The step is the snapshot's.
 
+A ``loader=`` (torchdata's ``StatefulDataLoader`` under a ``DistributedSampler``) resumes the
+interrupted epoch with what no old rank delivered dealt to the new ranks
+(:mod:`cairn.state.data_position`): every rank reads every old rank's recorded position.
+
 Refused, with the reason, before anything loads: sharded models and optimizers (DTensor
-parameters: FSDP2, HSDP, tensor parallel; FSDP1; ``ZeroRedundancyOptimizer``), and a
-``loader=`` (dealing the data position of N ranks to M is not built). ``resize=False`` on the
-Checkpointer refuses every resize, as before, and so do the Lightning and Hugging Face
-integrations, which keep the loader's position in their own trainer state.
+parameters: FSDP2, HSDP, tensor parallel; FSDP1; ``ZeroRedundancyOptimizer``), another
+loader, and a snapshot whose loader position was not recorded (taken before cairn recorded
+it). ``resize=False`` on the Checkpointer refuses every resize, as before, and so do the
+Lightning and Hugging Face integrations, which keep the loader's position in their own
+trainer state.
 
 The global batch is the script's: cairn cannot see it. After a resize,
 ``Checkpointer.resized`` says N -> M, and a script that keeps the global batch divides it by
@@ -24,10 +29,12 @@ from typing import Any
 
 import torch
 
-from cairn.state import rng
+from cairn.state import data_position, rng
 from cairn.state.capture import StateMismatch, Targets
+from cairn.state.codec import unflatten
 from cairn.state.distributed import Group
-from cairn.store import Manifest
+from cairn.state.state_io import read_arrays, read_state_doc
+from cairn.store import Manifest, Store
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def resize_for(manifest: Manifest, group: Group, targets: Targets, *,
             f"{group.world_size}; cairn cannot resize it (nothing was loaded):\n  "
             + "\n  ".join(problems) + f"\nRun with {taken} ranks, or start fresh by removing "
             "the key (cairn rm STORE KEY). Resizing works for replicated training (plain "
-            "DDP) without loader=.")
+            "DDP), with or without a StatefulDataLoader under a DistributedSampler.")
     return Resize(from_ranks=taken, to_ranks=group.world_size, rank=group.rank)
 
 
@@ -98,16 +105,59 @@ def unsupported(targets: Targets) -> list[str]:
         if zero is not None and isinstance(opt, zero):
             problems.append(f"optimizer {name!r} is a ZeroRedundancyOptimizer (sharded state)")
     if targets.loader is not None:
-        problems.append("loader=: dealing the data position of the snapshot's ranks to this "
-                        "run's ranks is not built yet")
+        refused = data_position.refusal(targets.loader)
+        if refused is not None:
+            problems.append(refused)
     return problems
 
 
-def resized(tree: dict[str, Any], resize: Resize) -> dict[str, Any]:
+def read_positions(store: Store, manifest: Manifest, resize: Resize) -> list[Any]:
+    """Every old rank's recorded data position (None where a part records none), read and
+    verified from the parts' ``state.json`` (and a dealt plan's array)."""
+    reader = store.reader(manifest)
+    positions: list[Any] = []
+    for rank in range(resize.from_ranks):
+        doc = read_state_doc(reader, prefix=f"rank-{rank}/" if resize.from_ranks > 1 else "")
+        top = unflatten(doc.structure, [None] * len(doc.headers))  # no array read yet
+        position = top.get("data") if isinstance(top, dict) else None
+        if isinstance(position, dict) and isinstance(doc.structure, dict):
+            dealt = _dealt_index(doc.structure)
+            if dealt is not None:
+                position = {**position, "dealt": read_arrays(reader, doc, [dealt])[dealt]}
+        positions.append(position)
+    return positions
+
+
+def _dealt_index(structure: dict[str, Any]) -> int | None:
+    for key, value in structure.get("$dict", []):
+        if key == "data" and isinstance(value, dict):
+            for name, item in value.get("$dict", []):
+                if name == "dealt" and isinstance(item, dict) and "$tensor" in item:
+                    return int(item["$tensor"])
+    return None
+
+
+def resized(tree: dict[str, Any], resize: Resize, *, positions: list[Any] | None,
+            seq: int) -> dict[str, Any]:
     """``tree`` (the part of rank ``resize.source_rank``) as this rank restores it: an
-    added rank's RNGs derived from the source's, everything else as it is."""
+    added rank's RNGs derived from the source's; with ``positions`` (a loader), its loader
+    state replaced by this rank's :class:`~cairn.state.data_position.Dealt` share of the
+    epoch's rest. Raises StateMismatch when a part recorded no position."""
     if resize.added:
         tree = {**tree, "rng": rng.derived(tree["rng"], rank=resize.rank)}
+    if positions is not None:
+        if any(not isinstance(p, dict) for p in positions):
+            raise StateMismatch(
+                f"snapshot seq {seq} holds no data position for its loader (taken before "
+                "cairn recorded one, or its loader had no DistributedSampler): it cannot be "
+                f"dealt from {resize}. Run with {resize.from_ranks} ranks, or start fresh")
+        try:
+            dealt = data_position.deal(positions, to_ranks=resize.to_ranks, rank=resize.rank,
+                                       seq=seq)
+        except ValueError as e:
+            raise StateMismatch(f"{e}: cairn cannot deal it from {resize}. Run with "
+                                f"{resize.from_ranks} ranks, or start fresh") from None
+        tree = {**tree, "loader": dealt}
     return tree
 
 

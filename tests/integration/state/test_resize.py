@@ -3,7 +3,9 @@
 scheduler equal the snapshot's bit for bit; ranks the snapshot had keep their RNGs, an added
 rank gets :func:`cairn.state.rng.derived`'s; and the next 20 steps' losses equal, bit for bit,
 those of the same M-rank script loading the same snapshot through stock ``dcp.load`` from a
-``cairn export --dcp`` copy. ``resize=False`` and a ``loader=`` refuse."""
+``cairn export --dcp`` copy. ``resize=False`` refuses. A ``StatefulDataLoader`` under a
+distributed sampler finishes the interrupted epoch, across resizes, with every index delivered
+once but the padding (ADR 0053)."""
 
 from __future__ import annotations
 
@@ -110,3 +112,56 @@ def test_resize_false_refuses(sources: dict[int, Path], tmp_path: Path) -> None:
     assert refused.returncode != 0
     assert "taken by 2 ranks and this run has 1, and resize=False refuses to reshard" \
         in refused.stderr
+
+
+def data_run(nproc: int, store: Path, *, total: int, length: int, sampler: str,
+             workers: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={nproc}", "-m", "tests.support.ddp_data_resize", str(store),
+         "data/resize/run-1/0", "--total", str(total), "--every", "5", "--length", str(length),
+         "--sampler", sampler, "--workers", str(workers)],
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
+
+
+def batches(out: str, *, upto: int | None = None) -> dict[int, list[int]]:
+    """Every index each epoch's batches held (steps up to ``upto``, the snapshot's)."""
+    seen: dict[int, list[int]] = {}
+    for m in re.finditer(r"^batch (\d+) (\d+) (\d+) (\S+)$", out, re.M):
+        if upto is None or int(m[2]) <= upto:
+            seen.setdefault(int(m[3]), []).extend(int(i) for i in m[4].split(","))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("worlds", "totals", "length", "sampler", "workers"), [
+    ((2, 3, 2), (10, 15, 200), 200, "torch", 0),       # resized again inside the dealt epoch
+    ((3, 2), (5, 200), 101, "torchdata", 2),          # the old epoch padded; loader workers
+])
+def test_the_interrupted_epoch_is_delivered_exactly_once_across_resizes(
+        tmp_path: Path, worlds: tuple[int, ...], totals: tuple[int, ...], length: int,
+        sampler: str, workers: int) -> None:
+    store = tmp_path / "store"
+    epoch0: list[int] = []
+    start = 0
+    for i, (world, total) in enumerate(zip(worlds, totals)):
+        run = data_run(world, store, total=total, length=length, sampler=sampler,
+                       workers=workers)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert re.search(rf"^start {start} 0$", run.stdout, re.M), run.stdout[-2000:]
+        if i:
+            assert f"resizing {worlds[i - 1]} -> {world} ranks" in run.stderr
+        # What a run delivered up to its last snapshot (taken at its last step) counts; the
+        # last run runs to its end.
+        seen = batches(run.stdout, upto=None if i == len(worlds) - 1 else total - 1)
+        epoch0 += seen[0]
+        start = total
+    # Epoch 0, across the runs: every index, none delivered twice but the padding (the first
+    # world's own, then each deal's: at most world - 1 each).
+    assert set(epoch0) == set(range(length))
+    assert len(epoch0) - length <= sum(w - 1 for w in worlds)
+    # The epochs after it: a plain M-rank DistributedSampler's (each index, M's padding).
+    m = worlds[-1]
+    for epoch in (1, 2):
+        assert sorted(set(seen[epoch])) == list(range(length))
+        assert len(seen[epoch]) == -(-length // m) * m
