@@ -11,7 +11,9 @@ dead one committed without reporting (``Store.resume_attempt``). A snapshot it h
 committed is simply absent: nothing partial is ever visible. The writer runs in its own session
 and ignores SIGTERM, so a signal sent to the trainer's process group (or, under SLURM, to every
 process of the job) does not kill it mid-persist; it exits when the trainer's end of the socket
-closes, after finishing what it is doing.
+closes, after finishing what it is doing. A process the trainer forks (a DataLoader worker)
+closes its copy of the trainer's end at once (:func:`_drop_trainer_ends`): a copy left open
+kept the writer alive after the trainer died, for as long as the fork lived.
 
 The writer yields to training: it runs under ``SCHED_IDLE`` (else at ``nice`` 19) and at the
 lowest best-effort I/O priority, so hashing and writing a snapshot take the cores and disk time
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,6 +247,30 @@ class _State:
     alive: bool = False
 
 
+# The trainer's live writers, whose socket ends a forked child must not keep.
+_WRITERS: weakref.WeakSet[WriterProcess] = weakref.WeakSet()
+
+
+def _drop_trainer_ends() -> None:
+    """In a child forked from the trainer (a DataLoader worker): close its copies of the
+    trainer's ends of the writers' sockets. The writer exits at the end of its stream, which
+    never came while a copy was open: a worker whose main process was SIGKILLed while holding
+    a lock of theirs (torch's workers then wait forever) kept the writer, and every pipe it
+    holds, alive."""
+    try:
+        writers = list(_WRITERS)
+    except RuntimeError:  # the set was changing in the parent at the fork: nothing to trust
+        return
+    for writer in writers:
+        sock, writer._sock = writer._sock, None
+        if sock is not None:
+            sock.close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_trainer_ends)
+
+
 class WriterProcess:
     """The trainer's handle on the writer process. Methods are called from the training
     thread; a background thread reads the writer's reports."""
@@ -307,6 +334,7 @@ class WriterProcess:
         if self._sock is not None:
             self._sock.close()  # a dead writer's
         self._sock = parent
+        _WRITERS.add(self)
         self._pending = proc
         try:
             _send(parent, {**self._init, "last_seq": last_seq})

@@ -363,3 +363,43 @@ def test_step_raises_only_after_max_failures_in_a_row(store: Store, caplog) -> N
     with pytest.raises(StoreError, match="not committed"):
         ckpt.close()
     assert [i.manifest.step for i in store.snapshots(Key.parse(KEY))] == [3]
+
+
+def test_the_writer_exits_with_its_trainer_whatever_the_trainer_forked(tmp_path) -> None:  # noqa: ANN001
+    """A child the trainer forked (a DataLoader worker) and that outlives it must not keep the
+    writer process alive: it closes its copy of the trainer's end of the writer's socket."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    trainer = subprocess.Popen([sys.executable, "-m", "tests.support.forking_trainer",
+                                str(tmp_path / "store"), KEY], cwd=repo, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert trainer.stdout is not None
+    pids = dict(trainer.stdout.readline().split() for _ in range(2))
+    writer, child = int(pids["writer"]), int(pids["child"])
+    try:
+        trainer.kill()
+        trainer.wait(timeout=HANG_S)
+        deadline = time.monotonic() + HANG_S
+        while _alive(writer) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(writer), "the writer outlived its trainer while a fork of it lived"
+        assert _alive(child)  # the fork lived on, as a stuck worker does
+    finally:
+        for pid in (child, writer):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a pid no longer there, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
