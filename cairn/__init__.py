@@ -27,6 +27,7 @@ _PUBLIC = {
     "Checkpointer": "cairn.state.checkpointer",
     "PersistMode": "cairn.state.checkpointer",
     "WhenBusy": "cairn.state.checkpointer",
+    "LrScaling": "cairn.state.options",
     "Key": "cairn.store",
     "Store": "cairn.store",
     "open_store": "cairn.runtime.stores",

@@ -54,26 +54,38 @@ from typing import Any
 from cairn.exceptions import (
     CairnError,
     ConfigError,
-    CorruptSnapshot,
     Fenced,
     Preempted,
     PreemptedExit,
-    RestoreFailed,
     StoreError,
     StoreUnreachable,
     StoreUnreachableExit,
     Suspended,
 )
-from cairn.runtime import endings, env, exits, rollback, session, slurm
+from cairn.runtime import endings, env, exits, rollback, session
 from cairn.runtime import suspend as suspend_mod
 from cairn.runtime.interval import observed_mtbf, young_daly_interval
 from cairn.runtime.try_session import CauseWatch, Cost, FinalVerdict, Saved, TrySession
 from cairn.state import capture
-from cairn.state.codec import flatten, header_of
+from cairn.state.codec import flatten, header_of, shards_in
 from cairn.state.distributed import Group
-from cairn.state.options import PersistMode, SnapshotPolicy, WhenBusy
+from cairn.state.options import (
+    LrScaling,
+    PersistMode,
+    SnapshotPolicy,
+    WhenBusy,
+    options_from_env,
+)
 from cairn.state.persister import Persister
-from cairn.state.resize import REFUSED_BY_OPTION, Resize, read_positions, resize_for, resized
+from cairn.state.rank_reads import read_together, wait_for_record
+from cairn.state.resize import (
+    REFUSED_BY_OPTION,
+    Resize,
+    read_positions,
+    rescale_lr,
+    resize_for,
+    resized,
+)
 from cairn.state.staging import plan
 from cairn.state.state_io import load_state, save_state, staged_size
 from cairn.state.status import StatusReporter
@@ -84,7 +96,6 @@ from cairn.state.triggers import (
 )
 from cairn.runtime.stores import open_store
 from cairn.store import Key, Manifest, SnapshotInfo, Store
-from cairn.store.verdicts import reading, restore_failed_exit
 
 __all__ = ["Checkpointer", "PersistMode", "SnapshotPolicy", "WhenBusy", "load_state",
            "save_state"]
@@ -106,7 +117,8 @@ class Checkpointer:
                  buffers: int = 1, max_failures: int = 3,
                  exclude_seqs: Collection[int] = (), status_file: str | None = None,
                  suspend_poll_seconds: float | str | None = None,
-                 allow_rollback: bool | None = None, resize: bool = True) -> None:
+                 allow_rollback: bool | None = None, resize: bool = True,
+                 resize_lr: LrScaling = LrScaling.KEEP) -> None:
         if buffers not in (1, 2):
             raise ConfigError("buffers must be 1 (RAM 1x the state) or 2 (double buffering, 2x)")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -173,6 +185,7 @@ class Checkpointer:
         # integration whose own state cannot follow a resize says so here).
         self.resize_refusal: str | None = None if resize else REFUSED_BY_OPTION
         self.resized: Resize | None = None  # set by restore() when it resized N -> M ranks
+        self.resize_lr = LrScaling(resize_lr)  # what a resize does to the learning rates
 
     @classmethod
     def from_env(cls, **options: Any) -> Checkpointer:
@@ -180,23 +193,7 @@ class Checkpointer:
         in a SLURM job without ``CAIRN_KEY``, the job's key, :mod:`cairn.runtime.slurm`), plus
         optional ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and ``CAIRN_EXCLUDE_SEQS``
         (comma-separated seqs never to restore)."""
-        store, key = env.STORE.get(), slurm.default_key()
-        if not store or not key:
-            raise ConfigError(f"{env.STORE} and {env.KEY} must be set (the cairn Airflow operator "
-                              "and KFP component set them; a SLURM job names its own key); or "
-                              "use Checkpointer(store=..., key=...)")
-        env_steps, env_seconds = env.EVERY_STEPS.get(), env.EVERY_SECONDS.get()
-        try:
-            if env_steps and "every_steps" not in options:
-                options["every_steps"] = int(env_steps)
-            if env_seconds and "every_seconds" not in options:
-                options["every_seconds"] = float(env_seconds)
-        except ValueError:
-            raise ConfigError(f"{env.EVERY_STEPS} must be an integer and {env.EVERY_SECONDS} a "
-                              "number of seconds") from None
-        excluded = env.EXCLUDE_SEQS.get()
-        if excluded and "exclude_seqs" not in options:
-            options["exclude_seqs"] = env.parse_seqs(excluded, source=env.EXCLUDE_SEQS.name)
+        store, key, options = options_from_env(options)
         return cls(store=store, key=key, **options)
 
     def restore(self, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
@@ -215,8 +212,9 @@ class Checkpointer:
         All or nothing: a snapshot that fails verification is skipped (logged) for the one
         before it; one that does not fit the live objects raises
         :class:`~cairn.state.capture.StateMismatch` before anything is loaded. A snapshot
-        taken by another number of ranks resizes (replicated training only; ``resize=False``
-        refuses it; :mod:`cairn.state.resize`) and sets :attr:`resized`. Reading that
+        taken by another number of ranks resizes (DDP and FSDP2, a loader's epoch dealt;
+        ``resize_lr`` its learning-rate rule; ``resize=False`` refuses it;
+        :mod:`cairn.state.resize`) and sets :attr:`resized`. Reading that
         fails on this side (a library error, a bug, out of memory; on any rank) skips nothing:
         it raises :class:`~cairn.exceptions.RestoreFailedExit` (a script that lets it
         propagate exits 8), logged with its cause.
@@ -271,37 +269,37 @@ class Checkpointer:
             resize = resize_for(info.manifest, self._group, self._targets,
                                 refusal=self.resize_refusal)
             prefix = resize.prefix if resize is not None else own
-            tree: dict[str, Any] | None = None
-            positions: list[Any] | None = None  # every old rank's, to deal a loader's epoch
-            failure: RestoreFailed | None = None
-            try:
-                with reading(info.seq):  # only a store verdict skips a snapshot
-                    tree = load_state(self.store, info.manifest, prefix=prefix)
-                    if resize is not None and self._targets.loader is not None:
-                        positions = read_positions(self.store, info.manifest, resize)
-            except CorruptSnapshot as e:
-                log.warning("key %s: skipping snapshot seq %d: %s", self.key, info.seq, e)
-            except RestoreFailed as e:
-                failure = e
-            # One collective for both: 0 a rank failed on its side (every rank stops, none
-            # tries the previous snapshot), 1 a rank's part did not verify (every rank tries
-            # the previous one), 2 every part loaded.
-            verdict = self._group.all_min([2 if tree is not None else int(failure is None)])[0]
-            if verdict == 0:
-                raise restore_failed_exit(failure or RestoreFailed(
-                    f"reading snapshot seq {info.seq} failed on another rank (its log names "
-                    "the cause); no snapshot was skipped and every snapshot stays in place",
-                    seq=info.seq), code=exits.ExitCode.RESTORE_FAILED, logger=log)
-            if verdict == 1 or tree is None:
+
+            # Called at once, in this iteration: the loop's variables are the ones meant.
+            def read() -> tuple[dict[str, Any], list[Any] | None]:
+                tree = load_state(self.store, info.manifest, prefix=prefix)  # noqa: B023
+                if resize is None or self._targets.loader is None:  # noqa: B023
+                    return tree, None
+                # Every old rank's data position, to deal a loader's epoch (ADR 0053).
+                return tree, read_positions(self.store, info.manifest, resize)  # noqa: B023
+
+            parts = read_together(self._group, info.seq, read, key=self.key)
+            if parts is None:
                 continue
+            tree, positions = parts
+            if shards_in(tree):  # FSDP2: every part's pieces, resharded by DCP (ADR 0054)
+                from cairn.state.sharded import ShardLoad
+
+                load = ShardLoad(tree, self._targets).run
+                sharded = read_together(self._group, info.seq,
+                                        lambda: load(self.store, self.key, info.seq),  # noqa: B023
+                                        key=self.key)
+                if sharded is None:
+                    continue
+                tree = sharded
             capture.check_compatible(tree, self._targets)
+            tree = resized(tree, resize, positions=positions, seq=info.seq) if resize else tree
+            capture.apply(tree, self._targets)
             if resize is not None:
-                tree = resized(tree, resize, positions=positions, seq=info.seq)
+                done = rescale_lr(self._targets, resize, self.resize_lr)
                 if self._group.rank == 0:
                     log.warning("key %s: resizing %s: snapshot seq %d was taken by %d ranks; "
-                                "keeping the global batch is the script's (Checkpointer.resized)",
-                                self.key, resize, info.seq, resize.from_ranks)
-            capture.apply(tree, self._targets)
+                                "%s", self.key, resize, info.seq, resize.from_ranks, done)
             self.resized = resize
             self.extras = dict(tree.get("extras") or {})
             self.restored_from = info.manifest
@@ -565,7 +563,9 @@ class Checkpointer:
         self._collect()
         if self.committed_step != step or self.committed_seq is None:
             raise StoreError(f"snapshot of step {step} failed: {self._last_error}")
-        self.last_snapshot = self.store.manifest(self.key, self.committed_seq)
+        # Another rank's writer has persisted its part; rank 0's commits the record.
+        self.last_snapshot = wait_for_record(self.store, self.key, self.committed_seq,
+                                             timeout=timeout)
         return self.last_snapshot
 
     def _record_cost(self, seconds: float) -> None:

@@ -5,6 +5,9 @@ tuples, ``None``, booleans, numbers, strings, torch tensors and numpy arrays —
 structure in which every array is replaced by its index in a separate list of arrays.
 :func:`unflatten` reverses it. Containers are tagged (``{"$dict": [[k, v], ...]}``) so that
 integer keys (optimizer state) and tuples (Adam's betas, RNG states) come back as they were.
+A sharded tensor (a DTensor: FSDP2's parameters and optimizer moments) is stored as this rank's
+local piece with the global shape and the piece's offsets in it (``{"$shard": [index, shape,
+offsets]}``), and comes back as a :class:`Shard`.
 
 Each array is stored as its raw bytes in C order, described by a :class:`ArrayHeader`
 (kind, dtype, shape, nbytes). Decoding checks that the byte count matches the header before
@@ -75,6 +78,35 @@ class ArrayHeader:
         return cls(kind, dtype, shape, nbytes)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One rank's piece of a sharded tensor: the ``local`` tensor, the global tensor's
+    ``shape`` and the piece's ``offsets`` in it (DCP's chunk of it)."""
+
+    local: Any
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+
+def shards_in(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Shard]]:
+    """Every :class:`Shard` of a decoded ``tree`` with its path of keys."""
+    if isinstance(tree, Shard):
+        return [(path, tree)]
+    if isinstance(tree, dict):
+        return [found for key, value in tree.items() for found in shards_in(value, (*path, key))]
+    return []
+
+
+def shards_filled(tree: Any, dest: Any) -> Any:
+    """``tree`` with each :class:`Shard` replaced by the value at the same path in ``dest``
+    (a tree of dicts holding a value for every shard)."""
+    if isinstance(tree, Shard):
+        return dest
+    if isinstance(tree, dict) and isinstance(dest, dict):
+        return {k: shards_filled(v, dest[k]) if k in dest else v for k, v in tree.items()}
+    return tree
+
+
 def _torch() -> Any:
     import torch
 
@@ -84,6 +116,22 @@ def _torch() -> Any:
 def _is_tensor(value: object) -> bool:
     torch = _torch_if_loaded()
     return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_dtensor(value: object) -> bool:
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def _shard_of(value: Any) -> Shard:
+    # DCP's own view of a DTensor's piece (the protocol dcp.save asks it through).
+    chunks = value.__create_chunk_list__()
+    if len(chunks) != 1:
+        raise ConfigError(f"a DTensor of {len(chunks)} chunks on one rank cannot be stored")
+    return Shard(local=value.to_local(), shape=tuple(value.shape),
+                 offsets=tuple(int(o) for o in chunks[0].offsets))
 
 
 def _torch_if_loaded() -> Any:
@@ -119,6 +167,10 @@ def _encode(value: Any, arrays: list[Any], where: str) -> Any:
         return {"$list": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
     if isinstance(value, tuple):
         return {"$tuple": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, Shard) or _is_dtensor(value):
+        shard = value if isinstance(value, Shard) else _shard_of(value)
+        arrays.append(shard.local)
+        return {"$shard": [len(arrays) - 1, list(shard.shape), list(shard.offsets)]}
     if _is_tensor(value):
         arrays.append(value)
         return {"$tensor": len(arrays) - 1}
@@ -155,6 +207,12 @@ def _decode(value: Any, arrays: list[Any]) -> Any:
             return tuple(_decode(v, arrays) for v in body)
         if tag in ("$tensor", "$ndarray"):
             return arrays[int(body)]
+        if tag == "$shard":
+            index, shape, offsets = body
+            shape, offsets = tuple(int(d) for d in shape), tuple(int(o) for o in offsets)
+            if len(shape) != len(offsets) or any(o < 0 for o in offsets):
+                raise ValueError(f"bad shard {body!r}")
+            return Shard(local=arrays[int(index)], shape=shape, offsets=offsets)
         if tag == "$float":
             if body not in ("nan", "inf", "-inf"):
                 raise ValueError(f"bad float {body!r}")

@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from cairn.exceptions import ConfigError, CorruptSnapshot
+from cairn.state.codec import Shard, shards_filled
 from cairn.state.dcp_reader import LoadPlanner, StoreReader
 from cairn.state.state_io import load_state
 from cairn.store import Key, Manifest, Store
@@ -33,7 +34,7 @@ def load(state_dict: dict[str, Any], *, store: Store | str, key: Key | str,
     with reading(reader.seq):
         # Before DCP: it reports a failed metadata read as a message in an AssertionError,
         # which would hide a bad state.json's verdict.
-        reader.skeleton()
+        reader.read_metadata()
     try:
         with reading(reader.seq), warnings.catch_warnings():
             # One process is what was asked for when no process group is initialised.
@@ -63,7 +64,7 @@ def _cause(error: CheckpointException, *, seq: int) -> BaseException:
 def export(store: Store, key: Key | str, dest: str, *, seq: int | None = None,
            rank: int = 0) -> Manifest:
     """Write snapshot ``seq`` of ``key`` (default: the newest; of a snapshot several ranks
-    took, rank ``rank``'s part) into the new or empty directory ``dest`` in DCP's own layout
+    took, rank ``rank``'s part, its sharded tensors whole from every part) into the new or empty directory ``dest`` in DCP's own layout
     (``FileSystemWriter``: its ``.metadata`` and ``__0_0.distcp``), loadable with
     ``dcp.load(state_dict, checkpoint_id=dest)``. The snapshot is read and verified whole
     first; ``dest`` appears only once DCP has written everything. Returns its manifest."""
@@ -78,8 +79,29 @@ def export(store: Store, key: Key | str, dest: str, *, seq: int | None = None,
     tree = load_state(reader.store, reader.manifest, prefix=reader.prefix)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        tree = _assembled(tree, reader)  # a sharded tensor whole, from every part's pieces
         dcp.save(tree, storage_writer=dcp.FileSystemWriter(partial), no_dist=True)
     if os.path.isdir(dest):
         os.rmdir(dest)  # empty, checked above
     os.rename(partial, dest)
     return reader.manifest
+
+
+def _assembled(tree: dict[str, Any], reader: StoreReader) -> dict[str, Any]:
+    """``tree`` with each sharded tensor's piece replaced by the whole tensor, read by this
+    process alone from every part's pieces."""
+    dest = _wholes(tree)
+    if dest is None:
+        return tree
+    dcp.load(dest, storage_reader=reader, planner=LoadPlanner(), no_dist=True)
+    return shards_filled(tree, dest)
+
+
+def _wholes(tree: Any) -> Any:
+    """An empty whole tensor for each :class:`Shard` of ``tree``, at its path; None if none."""
+    if isinstance(tree, Shard):
+        return torch.empty(tree.shape, dtype=tree.local.dtype)
+    if isinstance(tree, dict):
+        found = {k: w for k, v in tree.items() if (w := _wholes(v)) is not None}
+        return found or None
+    return None

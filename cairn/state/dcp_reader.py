@@ -4,7 +4,9 @@
 ``dcp.load(state_dict, storage_reader=StoreReader(store, key), planner=LoadPlanner())`` fills
 ``state_dict`` from a cairn state snapshot, every byte verified, and DCP does for it what it
 does for a checkpoint of its own: it matches keys, narrows and copies each stored tensor into
-the tensor that asks for it (only whole, unsharded tensors are stored and tested so far). Nothing from the store is unpickled: there is no
+the tensor that asks for it. A sharded tensor (a DTensor's pieces, one per rank's part) is
+served as one tensor of its global shape whose chunks are the parts' pieces, so DCP reshards
+it to whatever layout asks (ADR 0054). Nothing from the store is unpickled: there is no
 DCP ``.metadata`` file to unpickle (the reader builds DCP's ``Metadata`` from the snapshot's
 ``state.json``), and the values DCP carries as bytes (everything that is not a tensor) travel in
 cairn's codec (:func:`cairn.state.codec.encode_value`), which only cairn's planner decodes. The
@@ -49,9 +51,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType
 
-from cairn.exceptions import ConfigError
+from cairn.exceptions import ConfigError, CorruptSnapshot
 from cairn.runtime.stores import open_store
-from cairn.state.codec import decode_value, encode_value, unflatten
+from cairn.state.codec import Shard, decode_value, encode_value, unflatten
 from cairn.state.state_io import StateDoc, read_arrays, read_state_doc
 from cairn.store import Key, Manifest, SnapshotMode, Store
 
@@ -80,8 +82,10 @@ class _Stored:
 
 class _Skeleton:
     """A snapshot part's tree with stand-ins for its arrays: a tensor on the ``meta`` device
-    (shape and dtype, no memory) for each torch array, a :class:`_Stored` for each numpy one;
-    flattened by DCP's rule into ``leaves`` (key to value, stand-ins inside)."""
+    (shape and dtype, no memory) for each torch array, a :class:`_Stored` for each numpy one,
+    and for a sharded tensor's piece a ``meta`` tensor of the global shape; flattened by
+    DCP's rule into ``leaves`` (key to value, stand-ins inside). ``pieces`` holds, for each
+    sharded leaf's key, the piece's offsets, sizes and array index."""
 
     def __init__(self, doc: StateDoc) -> None:
         stand_ins: list[Any] = []
@@ -96,7 +100,28 @@ class _Skeleton:
                 stand_ins.append(_Stored(index))
         self._stand_ins = stand_ins  # keeps every id() above alive and unique
         self.doc = doc
-        self.leaves, _ = flatten_state_dict(unflatten(doc.structure, stand_ins))
+        self._sharded: dict[int, tuple[torch.Size, torch.Size, int]] = {}
+        self._globals: list[torch.Tensor] = []  # keeps the global stand-ins' id()s
+        tree = self._unsharded(unflatten(doc.structure, stand_ins))
+        self.leaves, _ = flatten_state_dict(tree)
+        self.pieces = {fqn: self._sharded[id(leaf)] for fqn, leaf in self.leaves.items()
+                       if isinstance(leaf, torch.Tensor) and id(leaf) in self._sharded}
+
+    def _unsharded(self, value: Any) -> Any:
+        """``value`` with each piece of a sharded tensor replaced by a global stand-in."""
+        if isinstance(value, Shard):
+            local = value.local
+            if not isinstance(local, torch.Tensor) or local.dim() != len(value.shape):
+                raise CorruptSnapshot(f"seq {self.doc.seq}: a shard of {value.shape} holds "
+                                      f"a piece of another rank", seq=self.doc.seq)
+            whole = torch.empty(value.shape, dtype=local.dtype, device="meta")
+            self._globals.append(whole)
+            self._sharded[id(whole)] = (torch.Size(value.offsets), local.shape,
+                                        self.index_of(local))
+            return whole
+        if isinstance(value, dict):
+            return {k: self._unsharded(v) for k, v in value.items()}
+        return value
 
     def index_of(self, tensor: torch.Tensor) -> int:
         return self._index_of[id(tensor)]
@@ -123,20 +148,33 @@ class _Skeleton:
             return type(value)(self._mapped(v, array) for v in value)
         return value
 
-    def metadata(self) -> Metadata:
-        """DCP's ``Metadata`` of this part: one whole chunk per tensor (offsets 0), bytes for
-        every other leaf. ``storage_data`` maps each tensor chunk's index to its array."""
+    def metadata(self, others: list[_Skeleton]) -> Metadata:
+        """DCP's ``Metadata`` of this part: one whole chunk per tensor (offsets 0), for a
+        sharded tensor one chunk per piece, of this part and of ``others`` (the snapshot's
+        other parts); bytes for every other leaf. ``storage_data`` maps each chunk's index to
+        its part's prefix and array."""
         entries: dict[str, Any] = {}
-        storage: dict[MetadataIndex, int] = {}
+        storage: dict[MetadataIndex, tuple[str, int]] = {}
         for fqn, leaf in self.leaves.items():
-            if isinstance(leaf, torch.Tensor):
-                offsets = torch.Size([0] * leaf.dim())
-                entries[fqn] = TensorStorageMetadata(
-                    properties=TensorProperties(dtype=leaf.dtype), size=leaf.shape,
-                    chunks=[ChunkStorageMetadata(offsets=offsets, sizes=leaf.shape)])
-                storage[MetadataIndex(fqn, offsets)] = self.index_of(leaf)
-            else:
+            if not isinstance(leaf, torch.Tensor):
                 entries[fqn] = BytesStorageMetadata()
+                continue
+            if fqn in self.pieces:
+                pieces = [(part.doc.prefix, part.pieces.get(fqn)) for part in (self, *others)]
+                if any(piece is None for _, piece in pieces):
+                    raise CorruptSnapshot(f"seq {self.doc.seq}: {fqn} is sharded, and a part "
+                                          "holds no piece of it", seq=self.doc.seq)
+            else:
+                pieces = [(self.doc.prefix, (torch.Size([0] * leaf.dim()), leaf.shape,
+                                             self.index_of(leaf)))]
+            chunks = []
+            for prefix, (offsets, sizes, index) in pieces:  # type: ignore[misc]
+                if MetadataIndex(fqn, offsets) in storage:
+                    continue  # a replica's piece (another mesh dimension): one serves
+                chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=sizes))
+                storage[MetadataIndex(fqn, offsets)] = (prefix, index)
+            entries[fqn] = TensorStorageMetadata(properties=TensorProperties(dtype=leaf.dtype),
+                                                 size=leaf.shape, chunks=chunks)
         return Metadata(state_dict_metadata=entries, storage_data=storage,
                         storage_meta=StorageMeta())
 
@@ -145,7 +183,8 @@ class StoreReader(StorageReader):
     """A DCP ``StorageReader`` serving one state snapshot of ``key`` (``seq``; default: the
     newest committed one, chosen when the reader is made). A snapshot taken by several ranks
     is served as rank ``rank``'s part (replicated training, DDP: any rank's part holds every
-    tensor whole). Every rank of a ``dcp.load`` makes its own reader of the same snapshot.
+    tensor whole), except its sharded tensors, served whole from every part's pieces (FSDP2).
+    Every rank of a ``dcp.load`` makes its own reader of the same snapshot.
 
     Thread: DCP calls it from the thread that runs ``dcp.load``."""
 
@@ -165,19 +204,22 @@ class StoreReader(StorageReader):
             raise ConfigError(f"seq {self.manifest.seq} of {self.key} was taken by {world_size} "
                               f"rank(s); rank= must be 0 to {world_size - 1}, not {rank}")
         self.prefix = f"rank-{rank}/" if world_size > 1 else ""
+        self._prefixes = [f"rank-{r}/" for r in range(world_size)] if world_size > 1 else [""]
         self._reader = self.store.reader(self.manifest)
-        self._skeleton: _Skeleton | None = None
-        self._storage: dict[MetadataIndex, int] = {}
+        self._skeletons: dict[str, _Skeleton] = {}
+        self._storage: dict[MetadataIndex, tuple[str, int]] = {}
 
     @property
     def seq(self) -> int:
         return self.manifest.seq
 
-    def skeleton(self) -> _Skeleton:
-        """This part's tree of stand-ins (its ``state.json`` read and verified once)."""
-        if self._skeleton is None:
-            self._skeleton = _Skeleton(read_state_doc(self._reader, prefix=self.prefix))
-        return self._skeleton
+    def skeleton(self, prefix: str | None = None) -> _Skeleton:
+        """A part's tree of stand-ins (default: this reader's part; its ``state.json`` read
+        and verified once)."""
+        prefix = self.prefix if prefix is None else prefix
+        if prefix not in self._skeletons:
+            self._skeletons[prefix] = _Skeleton(read_state_doc(self._reader, prefix=prefix))
+        return self._skeletons[prefix]
 
     # -- StorageReader -----------------------------------------------------------------------
 
@@ -191,7 +233,11 @@ class StoreReader(StorageReader):
         return False  # never picked by DCP for a path: made explicitly, as storage_reader=
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        return self.skeleton().metadata()
+        own = self.skeleton()
+        # The other parts are read only for a sharded tensor's pieces.
+        others = [self.skeleton(p) for p in self._prefixes if p != self.prefix] \
+            if own.pieces else []
+        return own.metadata(others)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -206,7 +252,7 @@ class StoreReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: DcpLoadPlanner) -> torch.futures.Future[None]:
         """Read and verify everything ``plan`` asks for, then hand it to ``planner``."""
         skeleton = self.skeleton()
-        wanted: set[int] = set()
+        wanted: dict[str, set[int]] = {}
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
                 if not isinstance(planner, LoadPlanner):
@@ -214,17 +260,21 @@ class StoreReader(StorageReader):
                         f"{item.storage_index.fqn!r} is not a tensor, and "
                         f"{type(planner).__name__} would unpickle it; pass "
                         "planner=cairn.dcp.LoadPlanner() to dcp.load (or use cairn.dcp.load)")
-                wanted.update(skeleton.arrays_in(skeleton.leaves[item.storage_index.fqn]))
+                wanted.setdefault(self.prefix, set()).update(
+                    skeleton.arrays_in(skeleton.leaves[item.storage_index.fqn]))
             else:
-                wanted.add(self._storage[item.storage_index])
-        arrays = read_arrays(self._reader, skeleton.doc, sorted(wanted))
+                prefix, index = self._storage[item.storage_index]
+                wanted.setdefault(prefix, set()).add(index)
+        arrays = {prefix: read_arrays(self._reader, self.skeleton(prefix).doc, sorted(indices))
+                  for prefix, indices in wanted.items()}
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
-                value = skeleton.filled(skeleton.leaves[item.storage_index.fqn], arrays)
+                value = skeleton.filled(skeleton.leaves[item.storage_index.fqn],
+                                        arrays[self.prefix])
                 planner.load_bytes(item, io.BytesIO(encode_value(value)))
                 continue
-            source = _narrowed(arrays[self._storage[item.storage_index]], item.storage_offsets,
-                               item.lengths)
+            prefix, index = self._storage[item.storage_index]
+            source = _narrowed(arrays[prefix][index], item.storage_offsets, item.lengths)
             target = planner.resolve_tensor(item).detach()
             if target.size() != source.size():
                 raise ConfigError(f"{item.storage_index.fqn}: DCP asked for {tuple(target.size())} "

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from cairn.exceptions import ConfigError
+from cairn.runtime import env, slurm
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,42 @@ class WhenBusy(str, enum.Enum):
 
     WAIT = "wait"
     SKIP = "skip"
+
+
+class LrScaling(str, enum.Enum):
+    """What a resize from N to M ranks does to the learning rate (``Checkpointer(resize_lr=)``,
+    ADR 0052). ``KEEP``: nothing; the script keeps the global batch (per-rank batch or gradient
+    accumulation adjusted by ``Checkpointer.resized``). ``LINEAR``: every learning rate times
+    M / N, for a script that keeps the per-rank batch, so that the global batch grows by M / N
+    (the linear scaling rule, Goyal et al. 2017, for SGD). ``SQRT``: times sqrt(M / N) (the
+    square-root rule, often used with Adam)."""
+
+    KEEP = "keep"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+
+def options_from_env(options: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """``Checkpointer.from_env``'s store, key and options: ``CAIRN_STORE`` and ``CAIRN_KEY``
+    (in a SLURM job without ``CAIRN_KEY``, the job's key, :mod:`cairn.runtime.slurm`), and
+    ``CAIRN_EVERY_STEPS``, ``CAIRN_EVERY_SECONDS`` and ``CAIRN_EXCLUDE_SEQS`` where
+    ``options`` does not set them."""
+    store, key = env.STORE.get(), slurm.default_key()
+    if not store or not key:
+        raise ConfigError(f"{env.STORE} and {env.KEY} must be set (the cairn Airflow operator "
+                          "and KFP component set them; a SLURM job names its own key); or "
+                          "use Checkpointer(store=..., key=...)")
+    options = dict(options)
+    env_steps, env_seconds = env.EVERY_STEPS.get(), env.EVERY_SECONDS.get()
+    try:
+        if env_steps and "every_steps" not in options:
+            options["every_steps"] = int(env_steps)
+        if env_seconds and "every_seconds" not in options:
+            options["every_seconds"] = float(env_seconds)
+    except ValueError:
+        raise ConfigError(f"{env.EVERY_STEPS} must be an integer and {env.EVERY_SECONDS} a "
+                          "number of seconds") from None
+    excluded = env.EXCLUDE_SEQS.get()
+    if excluded and "exclude_seqs" not in options:
+        options["exclude_seqs"] = env.parse_seqs(excluded, source=env.EXCLUDE_SEQS.name)
+    return store, key, options

@@ -2,7 +2,8 @@
 
 Replicated training (plain DDP) resizes: every rank's part of the snapshot holds the whole
 model, optimizer, schedulers, scalers and named items, so a rank that existed in the snapshot
-(rank < N) loads its own part and a rank the resize adds loads rank 0's. RNGs: ranks below
+(rank < N) loads its own part and a rank the resize adds loads rank 0's (sharded tensors
+aside, below). RNGs: ranks below
 min(N, M) keep theirs; an added rank gets states derived from rank 0's by
 :func:`cairn.state.rng.derived`. The step is the snapshot's.
 
@@ -10,16 +11,20 @@ A ``loader=`` (torchdata's ``StatefulDataLoader`` under a ``DistributedSampler``
 interrupted epoch with what no old rank delivered dealt to the new ranks
 (:mod:`cairn.state.data_position`): every rank reads every old rank's recorded position.
 
-Refused, with the reason, before anything loads: sharded models and optimizers (DTensor
-parameters: FSDP2, HSDP, tensor parallel; FSDP1; ``ZeroRedundancyOptimizer``), another
-loader, and a snapshot whose loader position was not recorded (taken before cairn recorded
+FSDP2 (``fully_shard``: DTensor parameters sharded on dim 0 over a 1-D mesh) resizes through
+DCP: every rank's pieces are read and resharded to the new layout (:mod:`cairn.state.sharded`).
+
+Refused, with the reason, before anything loads: other DTensor layouts (HSDP's 2-D mesh,
+tensor parallel), FSDP1, ``ZeroRedundancyOptimizer``, another loader, and a snapshot whose loader position was not recorded (taken before cairn recorded
 it). ``resize=False`` on the Checkpointer refuses every resize, as before, and so do the
 Lightning and Hugging Face integrations, which keep the loader's position in their own
 trainer state.
 
 The global batch is the script's: cairn cannot see it. After a resize,
 ``Checkpointer.resized`` says N -> M, and a script that keeps the global batch divides it by
-M (or accumulates gradients); one that does not trains on M/N of the snapshot's global batch.
+M (or accumulates gradients); one that keeps the per-rank batch trains on M/N of the
+snapshot's global batch and picks a learning-rate rule (:class:`~cairn.state.options.
+LrScaling`, :func:`rescale_lr`), applied once, at the resize, and logged.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import torch
 
 from cairn.state import data_position, rng
 from cairn.state.capture import StateMismatch, Targets
 from cairn.state.codec import unflatten
 from cairn.state.distributed import Group
+from cairn.state.options import LrScaling
 from cairn.state.state_io import read_arrays, read_state_doc
 from cairn.store import Manifest, Store
 
@@ -86,8 +94,9 @@ def resize_for(manifest: Manifest, group: Group, targets: Targets, *,
             f"snapshot seq {manifest.seq} was taken by {taken} ranks and this run has "
             f"{group.world_size}; cairn cannot resize it (nothing was loaded):\n  "
             + "\n  ".join(problems) + f"\nRun with {taken} ranks, or start fresh by removing "
-            "the key (cairn rm STORE KEY). Resizing works for replicated training (plain "
-            "DDP), with or without a StatefulDataLoader under a DistributedSampler.")
+            "the key (cairn rm STORE KEY). Resizing works for plain DDP and FSDP2 "
+            "(fully_shard on a 1-D mesh), with or without a StatefulDataLoader under a "
+            "DistributedSampler.")
     return Resize(from_ranks=taken, to_ranks=group.world_size, rank=group.rank)
 
 
@@ -98,9 +107,13 @@ def unsupported(targets: Targets) -> list[str]:
     for name, model in targets.models.items():
         if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
             problems.append(f"model {name!r} is wrapped in FullyShardedDataParallel (FSDP1)")
-        elif dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters()):
-            problems.append(f"model {name!r} has sharded (DTensor) parameters: FSDP2, HSDP "
-                            "or tensor parallel")
+            continue
+        layouts = {_layout(p) for p in model.parameters() if dtensor is not None
+                   and isinstance(p, dtensor)} - {FSDP2_LAYOUT}
+        if layouts:
+            problems.append(f"model {name!r} has DTensor parameters laid out as "
+                            f"{', '.join(sorted(layouts))} (HSDP, tensor parallel): cairn "
+                            f"reshards FSDP2's only ({FSDP2_LAYOUT})")
     for name, opt in targets.optimizers.items():
         if zero is not None and isinstance(opt, zero):
             problems.append(f"optimizer {name!r} is a ZeroRedundancyOptimizer (sharded state)")
@@ -159,6 +172,38 @@ def resized(tree: dict[str, Any], resize: Resize, *, positions: list[Any] | None
                                 f"{resize.from_ranks} ranks, or start fresh") from None
         tree = {**tree, "loader": dealt}
     return tree
+
+
+#: How FSDP2's ``fully_shard`` lays out a parameter, the DTensor layout cairn reshards.
+FSDP2_LAYOUT = "Shard(dim=0) over a 1-D mesh"
+
+
+def _layout(param: Any) -> str:
+    placements = ", ".join(repr(p) for p in param.placements)
+    return f"{placements} over a {param.device_mesh.ndim}-D mesh"
+
+
+def rescale_lr(targets: Targets, resize: Resize, rule: LrScaling) -> str:
+    """Apply ``rule`` to every optimizer's learning rates (each param group's ``lr`` and
+    ``initial_lr``) and every scheduler's ``base_lrs`` and last rates, after the restore; say
+    what was done, for the log."""
+    ratio = resize.to_ranks / resize.from_ranks
+    factor = {LrScaling.KEEP: 1.0, LrScaling.LINEAR: ratio, LrScaling.SQRT: math.sqrt(ratio)}[rule]
+    if rule is LrScaling.KEEP:
+        return "learning rates kept: keeping the global batch is the script's " \
+            "(Checkpointer.resized)"
+    for opt in targets.optimizers.values():
+        for group in opt.param_groups:
+            for name in ("lr", "initial_lr"):
+                if isinstance(group.get(name), torch.Tensor):
+                    group[name].mul_(factor)  # a tensor lr (capturable) stays the same tensor
+                elif name in group:
+                    group[name] = group[name] * factor
+    for sched in targets.schedulers.values():
+        for name in ("base_lrs", "_last_lr"):
+            if isinstance(getattr(sched, name, None), list):
+                setattr(sched, name, [lr * factor for lr in getattr(sched, name)])
+    return f"learning rates times {factor:.6g} ({rule.value} rule, {resize})"
 
 
 def _sharded_types() -> tuple[Any, Any, Any]:

@@ -1,12 +1,16 @@
-"""A deterministic DDP job (gloo, CPU) that keeps its global batch on any number of ranks; run
-under torchrun, resumed by cairn's Checkpointer (resized when the world size changed) or, with
-``--from-dcp DIR``, by stock ``dcp.load`` from a ``cairn export --dcp`` copy of the snapshot.
+"""A deterministic DDP or FSDP2 job (gloo, CPU) that keeps its global batch on any number of
+ranks; run under torchrun, resumed by cairn's Checkpointer (resized when the world size
+changed) or, with ``--from-dcp DIR``, by stock ``dcp.load`` from a ``cairn export --dcp`` copy
+of the snapshot.
 
 ``torchrun --nproc_per_node=M -m tests.support.ddp_resize STORE KEY --total N --every K
-[--from-dcp DIR] [--no-resize]`` prints ``start STEP`` (rank 0), ``restored RANK DIGEST`` and
-``rng RANK DIGEST`` (every rank, right after the restore: :func:`state_digest` of the model,
-optimizer and scheduler, :func:`rng_digest` of torch's generator), ``loss STEP HEX`` (rank 0,
-its own loss as ``float.hex``) and ``committed STEP`` (rank 0).
+[--fsdp] [--from-dcp DIR] [--no-resize] [--resize-lr RULE]`` prints ``start STEP`` (rank 0),
+``restored RANK DIGEST``, ``rng RANK DIGEST`` and ``lr RANK HEX`` (every rank, right after the
+restore: :func:`state_digest` of the model, optimizer and scheduler, :func:`rng_digest` of
+torch's generator, the first param group's learning rate), ``loss STEP HEX`` (rank 0, its own
+loss as ``float.hex``), ``committed STEP`` (rank 0) and ``final RANK DIGEST`` (every rank, at
+the end). With ``--fsdp`` the model is ``fully_shard``-ed (uneven shards: 16 and 1 rows over 2
+or 3 ranks) and the digests are of the whole tensors.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ def rng_digest(state: torch.Tensor) -> str:
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):  # the whole tensor (a collective: every rank, same order)
+        tensor = tensor.full_tensor()
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
@@ -62,6 +70,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--from-dcp", default=None, metavar="DIR")
     parser.add_argument("--no-resize", action="store_true")
+    parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--resize-lr", default="keep", choices=("keep", "linear", "sqrt"))
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -71,8 +81,17 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1200, 8, generator=g)
     y = (x.sum(dim=1, keepdim=True) > 0).float()
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (module[0], module[2]):
+            fully_shard(layer, mesh=mesh)
+        model: Any = fully_shard(module, mesh=mesh)
+    else:
+        model = DistributedDataParallel(module)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
     ckpt = None
@@ -82,13 +101,15 @@ def main() -> int:
         from cairn.state import Checkpointer
 
         ckpt = Checkpointer(store=args.store, key=args.key, every_steps=args.every,
-                            every_seconds=None, preemption=None, resize=not args.no_resize)
+                            every_seconds=None, preemption=None, resize=not args.no_resize,
+                            resize_lr=args.resize_lr)
         step = ckpt.restore(model=model, optimizer=opt, scheduler=sched)
     if rank == 0:
         say(f"start {step}")
     digest = state_digest(model.state_dict(), opt.state_dict(), sched.state_dict())
     say(f"restored {rank} {digest}")
     say(f"rng {rank} {rng_digest(torch.get_rng_state())}")
+    say(f"lr {rank} {opt.param_groups[0]['lr'].hex()}")
     per_rank = GLOBAL_BATCH // world  # the global batch kept: the script's part of a resize
     while step < args.total:
         rows = [(step * GLOBAL_BATCH + rank * per_rank + i) % len(x) for i in range(per_rank)]
@@ -107,6 +128,7 @@ def main() -> int:
         step += 1
     if ckpt is not None:
         ckpt.close()
+    say(f"final {rank} {state_digest(model.state_dict(), opt.state_dict(), sched.state_dict())}")
     dist.destroy_process_group()
     return 0
 

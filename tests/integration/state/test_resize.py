@@ -1,11 +1,11 @@
-"""A DDP snapshot resumes on another number of ranks (issue 35, ADR 0052): 2 -> 1, 1 -> 2 and
-2 -> 3 under torchrun (gloo, CPU). Right after the restore every rank's model, optimizer and
+"""DDP and FSDP2 snapshots resume on another number of ranks (issue 35, ADRs 0052 and 0054):
+2 -> 1, 1 -> 2 and 2 -> 3 under torchrun (gloo, CPU), FSDP2's pieces uneven. Right after the restore every rank's model, optimizer and
 scheduler equal the snapshot's bit for bit; ranks the snapshot had keep their RNGs, an added
 rank gets :func:`cairn.state.rng.derived`'s; and the next 20 steps' losses equal, bit for bit,
 those of the same M-rank script loading the same snapshot through stock ``dcp.load`` from a
 ``cairn export --dcp`` copy. ``resize=False`` refuses. A ``StatefulDataLoader`` under a
 distributed sampler finishes the interrupted epoch, across resizes, with every index delivered
-once but the padding (ADR 0053)."""
+once but the padding (ADR 0053). A tampered piece of another rank's part skips the snapshot."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from cairn import open_store
 from cairn.state import rng
 from cairn.state.state_io import load_state
 from cairn.store import Key
+from tests.support import tamper
 from tests.support.ddp_resize import rng_digest, state_digest
 from tests.support.hang import HANG_S
 
@@ -104,6 +105,72 @@ def test_ddp_resumes_resized_as_stock_dcp_would(sources: dict[int, Path], tmp_pa
         assert newest.step == TOTAL - 1 and newest.metadata.get("world_size", 1) == m
 
 
+@pytest.fixture(scope="module")
+def fsdp_sources(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, dict[int, str]]]:
+    """Stores holding the FSDP2 snapshot of step 9, taken by 1 and by 2 ranks, with each
+    rank's digest of the whole state at that step."""
+    stores = {}
+    for ranks in (1, 2):
+        store = tmp_path_factory.mktemp(f"fsdp-from-{ranks}") / "store"
+        run = torchrun(ranks, store, "--fsdp", total=SNAPSHOT_STEPS)
+        assert run.returncode == 0, run.stderr[-3000:]
+        stores[ranks] = (store, lines(run.stdout, "final"))
+    return stores
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "m"), [(2, 1), (1, 2), (2, 3)])
+def test_fsdp2_resumes_resharded_as_stock_dcp_would(
+        fsdp_sources: dict[int, tuple[Path, dict[int, str]]], tmp_path: Path, n: int,
+        m: int) -> None:
+    source, final = fsdp_sources[n]
+    store = tmp_path / "store"
+    shutil.copytree(source, store)
+    with open_store(str(store), create=False) as opened:
+        manifest = opened.manifest(Key.parse(KEY))
+        assert manifest.metadata.get("world_size", 1) == n and manifest.step == 9
+        # Each part holds its rank's pieces only (uneven: 16 rows over 2 ranks, 1 row too).
+        part = load_state(opened, manifest, prefix="rank-0/" if n > 1 else "")
+        weight = part["models"]["default"]["0.weight"]
+        assert weight.shape == (16, 8) and tuple(weight.local.shape) == (16 // n, 8)
+        cairn.dcp.export(opened, KEY, str(tmp_path / "dcp"))  # the pieces put together
+
+    resized = torchrun(m, store, "--fsdp")
+    assert resized.returncode == 0, resized.stderr[-3000:]
+    assert re.search(r"^start 10$", resized.stdout, re.M)
+    assert f"resizing {n} -> {m} ranks" in resized.stderr
+    # Right after the restore every rank's whole model, optimizer and scheduler are the
+    # snapshot's, bit for bit, however the pieces were cut.
+    restored = lines(resized.stdout, "restored")
+    assert sorted(restored) == list(range(m))
+    assert set(restored.values()) == set(final.values()) and len(set(final.values())) == 1
+
+    stock = torchrun(m, tmp_path / "unused-store", "--fsdp", "--from-dcp", str(tmp_path / "dcp"))
+    assert stock.returncode == 0, stock.stderr[-3000:]
+    assert lines(stock.stdout, "restored") == restored
+    losses = lines(resized.stdout, "loss")
+    assert sorted(losses) == list(range(SNAPSHOT_STEPS, TOTAL))
+    assert losses == lines(stock.stdout, "loss")
+
+
+@pytest.mark.slow
+def test_a_tampered_piece_of_another_rank_skips_the_snapshot(
+        fsdp_sources: dict[int, tuple[Path, dict[int, str]]], tmp_path: Path) -> None:
+    """On one rank, the newest 2-rank snapshot's rank-1 piece of a weight does not verify:
+    DCP's read of it is the store's verdict, and the run resumes from the snapshot before."""
+    store = tmp_path / "store"
+    shutil.copytree(fsdp_sources[2][0], store)
+    with open_store(str(store), create=False) as opened:
+        manifest = opened.manifest(Key.parse(KEY))
+        entry = next(e for e in manifest.files if e.path == "rank-1/tensors/000000")
+        chunk = entry.chunks[0]
+        tamper.flip_byte(opened.backend, chunk.pack, chunk.offset + chunk.size // 2)
+    resumed = torchrun(1, store, "--fsdp")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"skipping snapshot seq {manifest.seq}" in resumed.stderr
+    assert re.search(r"^start 5$", resumed.stdout, re.M)
+
+
 @pytest.mark.slow
 def test_resize_false_refuses(sources: dict[int, Path], tmp_path: Path) -> None:
     store = tmp_path / "store"
@@ -165,3 +232,21 @@ def test_the_interrupted_epoch_is_delivered_exactly_once_across_resizes(
     for epoch in (1, 2):
         assert sorted(set(seen[epoch])) == list(range(length))
         assert len(seen[epoch]) == -(-length // m) * m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rule", "factor"), [("linear", 0.5), ("sqrt", 0.5 ** 0.5)])
+def test_a_learning_rate_rule_scales_the_rates_once_at_the_resize(
+        sources: dict[int, Path], tmp_path: Path, rule: str, factor: float) -> None:
+    """2 -> 1 ranks: the rates the snapshot had (StepLR halved
+    1e-2 at step 7) times the rule's factor, and the scheduler goes on from the scaled base."""
+    store = tmp_path / "store"
+    shutil.copytree(sources[2], store)
+    run = torchrun(1, store, "--resize-lr", rule, total=SNAPSHOT_STEPS + 5)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"learning rates times {factor:.6g} ({rule} rule, 2 -> 1 ranks)" in run.stderr
+    assert float.fromhex(lines(run.stdout, "lr")[0]) == 1e-2 * 0.5 * factor
+    with open_store(str(store), create=False) as opened:  # the 1-rank snapshot: scaled once
+        part = load_state(opened, opened.manifest(Key.parse(KEY)))
+    assert part["schedulers"]["default"]["base_lrs"] == [1e-2 * factor]
+    assert part["optimizers"]["default"]["param_groups"][0]["lr"] == 1e-2 * 0.25 * factor

@@ -111,3 +111,22 @@ def test_bytes_that_are_not_an_encoded_value_are_refused(data: bytes) -> None:
 
     with pytest.raises(CorruptSnapshot):
         decode_value(data)
+
+
+def test_a_shard_round_trips_as_its_piece_and_a_malformed_one_is_corrupt() -> None:
+    from cairn.state.codec import Shard, shards_filled, shards_in
+
+    piece = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    tree = {"models": {"m": {"w": Shard(local=piece, shape=(5, 3), offsets=(2, 0))}}, "step": 1}
+    structure, arrays = flatten(tree)
+    assert len(arrays) == 1 and arrays[0] is piece  # the piece is stored, not a gathered whole
+    back = unflatten(structure, arrays)
+    [(path, shard)] = shards_in(back)
+    assert path == ("models", "m", "w") and shard.shape == (5, 3) and shard.offsets == (2, 0)
+    assert torch.equal(shard.local, piece)
+    whole = torch.zeros(5, 3)
+    filled = shards_filled(back, {"models": {"m": {"w": whole}}})
+    assert filled["models"]["m"]["w"] is whole and filled["step"] == 1
+    for bad in ([0, [5, 3], [2]], [0, [5, 3], [-1, 0]]):
+        with pytest.raises(CorruptSnapshot, match="malformed"):
+            unflatten({"$shard": bad}, arrays)
