@@ -272,7 +272,8 @@ class Checkpointer:
 
             # Called at once, in this iteration: the loop's variables are the ones meant.
             def read() -> tuple[dict[str, Any], list[Any] | None]:
-                tree = load_state(self.store, info.manifest, prefix=prefix)  # noqa: B023
+                tree = load_state(self.store, info.manifest, prefix=prefix,  # noqa: B023
+                                  pieces=False)  # FSDP2's are read through DCP, below
                 if resize is None or self._targets.loader is None:  # noqa: B023
                     return tree, None
                 # Every old rank's data position, to deal a loader's epoch (ADR 0053).

@@ -97,6 +97,24 @@ def shards_in(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ..
     return []
 
 
+def shard_arrays(structure: Any) -> set[int]:
+    """The array indices of the sharded tensors' pieces in :func:`flatten`'s ``structure``
+    (parsed JSON, not yet trusted: anything unexpected is left for :func:`unflatten`)."""
+    found: set[int] = set()
+    stack = [structure]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            body = value.get("$shard")
+            if len(value) == 1 and isinstance(body, list) and body and isinstance(body[0], int):
+                found.add(body[0])
+            else:
+                stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return found
+
+
 def shards_filled(tree: Any, dest: Any) -> Any:
     """``tree`` with each :class:`Shard` replaced by the value at the same path in ``dest``
     (a tree of dicts holding a value for every shard)."""

@@ -21,6 +21,7 @@ from cairn.state.codec import (
     cpu_bytes,
     flatten,
     header_of,
+    shard_arrays,
     tensor_path,
     unflatten,
 )
@@ -55,13 +56,25 @@ class StateDoc:
     headers: tuple[ArrayHeader, ...]
 
 
-def load_state(store: Store, manifest: Manifest, *, prefix: str = "") -> dict[str, Any]:
+def load_state(store: Store, manifest: Manifest, *, prefix: str = "",
+               pieces: bool = True) -> dict[str, Any]:
     """Read and verify a whole state snapshot (``prefix``: one rank's part, ``rank-<r>/``)
-    into CPU memory. Raises CorruptSnapshot when it does not verify or parse; a failure of the
-    reading itself propagates as it is (see :mod:`cairn.store.verdicts`)."""
+    into CPU memory. ``pieces=False``: the pieces of sharded tensors are not read (a restore
+    reads them through DCP, from every part): each :class:`~cairn.state.codec.Shard` holds a
+    ``meta`` tensor of the piece's shape and dtype. Raises CorruptSnapshot when it does not
+    verify or parse; a failure of the reading itself propagates as it is (see
+    :mod:`cairn.store.verdicts`)."""
     reader = store.reader(manifest)
     doc = read_state_doc(reader, prefix=prefix)
-    arrays = read_arrays(reader, doc, range(len(doc.headers)))
+    unread = set() if pieces else shard_arrays(doc.structure)
+    arrays = read_arrays(reader, doc, [i for i in range(len(doc.headers)) if i not in unread])
+    for index in unread:
+        header = doc.headers[index] if index < len(doc.headers) else None
+        if header is None or header.kind != "torch":
+            raise CorruptSnapshot(f"seq {manifest.seq}: {doc.prefix}{STATE_FILE}'s shard "
+                                  f"{index} is not a torch array it describes", seq=manifest.seq)
+        arrays[index] = torch.empty(header.shape, dtype=getattr(torch, header.dtype),
+                                    device="meta")
     tree = unflatten(doc.structure, [arrays[i] for i in range(len(doc.headers))])
     if not isinstance(tree, dict) or "step" not in tree:
         raise CorruptSnapshot(f"seq {manifest.seq}: state has no step", seq=manifest.seq)
