@@ -97,17 +97,23 @@ def shards_in(tree: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ..
     return []
 
 
-def shard_arrays(structure: Any) -> set[int]:
-    """The array indices of the sharded tensors' pieces in :func:`flatten`'s ``structure``
-    (parsed JSON, not yet trusted: anything unexpected is left for :func:`unflatten`)."""
+_ARRAY_TAGS = ("$tensor", "$ndarray", "$shard")
+
+
+def array_indices(structure: Any, *, tags: tuple[str, ...] = _ARRAY_TAGS) -> set[int]:
+    """The array indices :func:`flatten`'s ``structure`` refers to under ``tags`` (default:
+    every array; ``("$shard",)``: the sharded tensors' pieces). Parsed JSON, not yet trusted:
+    anything unexpected is left for :func:`unflatten`."""
     found: set[int] = set()
     stack = [structure]
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
-            body = value.get("$shard")
-            if len(value) == 1 and isinstance(body, list) and body and isinstance(body[0], int):
-                found.add(body[0])
+            if len(value) == 1 and next(iter(value)) in _ARRAY_TAGS:
+                tag, body = next(iter(value.items()))
+                index = body[0] if tag == "$shard" and isinstance(body, list) and body else body
+                if tag in tags and isinstance(index, int):
+                    found.add(index)
             else:
                 stack.extend(value.values())
         elif isinstance(value, list):

@@ -29,16 +29,16 @@ LrScaling`, :func:`rescale_lr`), applied once, at the resize, and logged.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-import math
-
 import torch
 
+from cairn.exceptions import CorruptSnapshot
 from cairn.state import data_position, rng
 from cairn.state.capture import StateMismatch, Targets
-from cairn.state.codec import unflatten
+from cairn.state.codec import array_indices, unflatten
 from cairn.state.distributed import Group
 from cairn.state.options import LrScaling
 from cairn.state.state_io import read_arrays, read_state_doc
@@ -131,23 +131,14 @@ def read_positions(store: Store, manifest: Manifest, resize: Resize) -> list[Any
     positions: list[Any] = []
     for rank in range(resize.from_ranks):
         doc = read_state_doc(reader, prefix=f"rank-{rank}/" if resize.from_ranks > 1 else "")
-        top = unflatten(doc.structure, [None] * len(doc.headers))  # no array read yet
-        position = top.get("data") if isinstance(top, dict) else None
-        if isinstance(position, dict) and isinstance(doc.structure, dict):
-            dealt = _dealt_index(doc.structure)
-            if dealt is not None:
-                position = {**position, "dealt": read_arrays(reader, doc, [dealt])[dealt]}
-        positions.append(position)
+        try:  # the tree's top level: {"$dict": [[name, value], ...]}
+            raw = dict(doc.structure["$dict"]).get("data")
+        except (KeyError, TypeError, ValueError):
+            raise CorruptSnapshot(f"seq {manifest.seq}: {doc.prefix}state.json is not a "
+                                  "state tree", seq=manifest.seq) from None
+        arrays = read_arrays(reader, doc, sorted(array_indices(raw))) if raw else {}
+        positions.append(unflatten(raw, arrays) if raw is not None else None)
     return positions
-
-
-def _dealt_index(structure: dict[str, Any]) -> int | None:
-    for key, value in structure.get("$dict", []):
-        if key == "data" and isinstance(value, dict):
-            for name, item in value.get("$dict", []):
-                if name == "dealt" and isinstance(item, dict) and "$tensor" in item:
-                    return int(item["$tensor"])
-    return None
 
 
 def resized(tree: dict[str, Any], resize: Resize, *, positions: list[Any] | None,

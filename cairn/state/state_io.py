@@ -20,8 +20,8 @@ from cairn.state.codec import (
     ArrayHeader,
     cpu_bytes,
     flatten,
+    array_indices,
     header_of,
-    shard_arrays,
     tensor_path,
     unflatten,
 )
@@ -66,7 +66,7 @@ def load_state(store: Store, manifest: Manifest, *, prefix: str = "",
     :mod:`cairn.store.verdicts`)."""
     reader = store.reader(manifest)
     doc = read_state_doc(reader, prefix=prefix)
-    unread = set() if pieces else shard_arrays(doc.structure)
+    unread = set() if pieces else array_indices(doc.structure, tags=("$shard",))
     arrays = read_arrays(reader, doc, [i for i in range(len(doc.headers)) if i not in unread])
     for index in unread:
         header = doc.headers[index] if index < len(doc.headers) else None
